@@ -1,0 +1,32 @@
+# hydrax: make demo | make test | make bench | make docs
+# Each target creates .venv with the interpreter in $(PYTHON) when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.hydrax-installed
+
+.PHONY: demo test bench docs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m hydrax.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_loader.py
+
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet '.[docs]'
+	$(BIN)/python -m sphinx -q -b html docs docs/_build/html
+
+clean:
+	rm -rf build docs/_build hydrax/_core.c hydrax/_core*.so *.egg-info

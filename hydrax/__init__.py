@@ -1,0 +1,14 @@
+"""hydrax: a zero-copy multiprocess data loader for JAX.
+
+``from hydrax import Dataloader, DataGroup, TrainingBatch, ValidationBatch`` is all a training
+program needs; the API is a drop-in for hydrax 0.2.2.
+"""
+
+from .batch import Batch, TrainingBatch, ValidationBatch
+from .debug import debug_batch_references
+from .errors import BatchTimeoutError, WorkerError
+from .group import ArrayLayout, ArraySpec, DataGroup
+from .loader import Dataloader, is_worker
+from .types import LoaderFunc, PlacementFunc, StartupFunc
+
+__version__ = "0.3.0.dev0"

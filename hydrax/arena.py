@@ -1,0 +1,166 @@
+"""The shared-memory arena: one anonymous mapping per run, holding every batch slot.
+
+The arena is a memfd (no name in /dev/shm, so nothing can be left behind however a run ends)
+mapped by the main process and by every worker. It holds a small status page (one 64-byte line
+per worker: heartbeat and the item being loaded) followed by ``depth`` page-aligned batch slots.
+A slot goes back to the free pool exactly when the last buffer export made from it is released
+(see :class:`hydrax._core.SlotLease`), on whatever thread that happens.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from typing import Callable
+
+from . import _core
+
+PAGE = 4096
+#: Bytes of status per worker: heartbeat ns, stop flag, task id, position, item start ns.
+STATUS_STRIDE = 64
+HEARTBEAT_WORD = 0
+STOP_WORD = 8
+ITEM_WORDS = 16  # task, position, start ns (see _core.mark_item)
+
+
+def _round_page(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+class FdHandle:
+    """A file descriptor that survives being sent to a worker process.
+
+    Forked workers inherit the number as is; forkserver workers get a duplicate through
+    ``multiprocessing.reduction.DupFd`` when the process object is pickled.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup) -> FdHandle:
+    return FdHandle(dup.detach())
+
+
+class ArenaSpec:
+    """What a worker needs to map the arena: the fd, the size and where things are."""
+
+    def __init__(self, fd: FdHandle, size: int, slot_offsets: list[int], status_offset: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.slot_offsets = slot_offsets
+        self.status_offset = status_offset
+
+    def map(self) -> _core.ArenaMap:
+        """Map the arena in this process (the fd is closed afterwards; the mapping stays)."""
+        mapping = _core.ArenaMap(self.fd.fd, self.size)
+        os.close(self.fd.fd)
+        return mapping
+
+    def worker_status(self, worker: int) -> int:
+        """Byte offset of worker ``worker``'s status line."""
+        return self.status_offset + worker * STATUS_STRIDE
+
+
+class Arena:
+    """``depth`` batch slots of ``slot_size`` bytes in one shared mapping, plus worker status.
+
+    :param on_release: called (on any thread) after a slot has returned to the free pool.
+    """
+
+    def __init__(self, depth: int, slot_size: int, workers: int, on_release: Callable[[int], None] | None = None) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self.depth = depth
+        self.slot_size = max(64, int(slot_size))
+        status_size = _round_page(max(1, workers) * STATUS_STRIDE)
+        self.slot_stride = _round_page(self.slot_size)
+        self.size = status_size + depth * self.slot_stride
+        self.slot_offsets = [status_size + i * self.slot_stride for i in range(depth)]
+        fd = os.memfd_create("hydrax-arena", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, self.size)
+            self.map = _core.ArenaMap(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        self._free: deque[int] = deque(range(depth))
+        self._leases: dict[int, _core.SlotLease] = {}
+        self.on_release = on_release
+        self._closed = False
+
+    def spec(self) -> ArenaSpec:
+        """The picklable description workers map the arena from."""
+        if self._fd is None:
+            raise RuntimeError("the arena's file descriptor is already closed")
+        return ArenaSpec(FdHandle(self._fd), self.size, self.slot_offsets, 0)
+
+    def close_fd(self) -> None:
+        """Close the memfd once every worker has its own mapping; the memory lives on."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def acquire(self) -> int | None:
+        """Take a free slot, or None when all ``depth`` slots are in use."""
+        with self._lock:
+            return self._free.popleft() if self._free and not self._closed else None
+
+    def lease(self, slot: int) -> _core.SlotLease:
+        """A tracking exporter over ``slot``; the slot returns to the pool once it is sealed and unused."""
+        lease = _core.SlotLease(self.map, slot, self.slot_offsets[slot], self.slot_size, self._release)
+        with self._lock:
+            self._leases[slot] = lease
+        return lease
+
+    def free_now(self, slot: int) -> None:
+        """Return a slot that was never leased (for example a dropped batch)."""
+        self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        with self._lock:
+            self._leases.pop(slot, None)
+            if self._closed:
+                return
+            self._free.append(slot)
+        if self.on_release is not None:
+            self.on_release(slot)
+
+    @property
+    def free_count(self) -> int:
+        """Slots free right now."""
+        return len(self._free)
+
+    def live_leases(self) -> list[_core.SlotLease]:
+        """Leases whose memory is still referenced (for diagnostics)."""
+        with self._lock:
+            return list(self._leases.values())
+
+    def heartbeat(self, worker: int) -> int:
+        """The worker's last heartbeat (monotonic ns), 0 before it started."""
+        return self.map.read_int64(worker * STATUS_STRIDE + HEARTBEAT_WORD)
+
+    def current_item(self, worker: int) -> tuple[int, int, int]:
+        """``(task id, position, start ns)`` of the item the worker started last."""
+        base = worker * STATUS_STRIDE + ITEM_WORDS
+        return tuple(self.map.read_int64(base + 8 * i) for i in range(3))  # type: ignore[return-value]
+
+    def stop_heartbeats(self, workers: int) -> None:
+        """Tell the workers' heartbeat threads to end."""
+        for w in range(workers):
+            self.map.write_int64(w * STATUS_STRIDE + STOP_WORD, 1)
+
+    def close(self) -> None:
+        """Stop handing out slots. The mapping itself goes when the last view of it does."""
+        with self._lock:
+            self._closed = True
+            self._free.clear()
+        self.close_fd()

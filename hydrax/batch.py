@@ -1,0 +1,224 @@
+"""Batch, TrainingBatch and ValidationBatch: what the Dataloader hands to the training loop.
+
+A batch holds its ``jax.Array`` s, the per-item extras the loader returned, and where it sits in
+the schedule. Do not keep batches longer than one loop iteration unless you need to: on the CPU
+backend a batch's arrays may alias the loader's shared memory (see ``Dataloader``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import jax
+
+    from .group import ArrayLayout, DataGroup
+
+D = TypeVar("D")
+
+
+class _BatchData(Sequence):
+    """The item descriptors of a batch, as a read-only sequence."""
+
+    __slots__ = ("_group", "_indices")
+
+    def __init__(self, group: DataGroup, indices: Sequence[int]) -> None:
+        self._group = group
+        self._indices = indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._group[i] for i in self._indices[index]]
+        return self._group[self._indices[index]]
+
+    def __repr__(self) -> str:
+        return f"<batch data of {len(self)} items>"
+
+
+class Batch(ABC, Generic[D]):
+    """A batch of loaded data. Do not derive from or instantiate this class."""
+
+    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "__weakref__")
+
+    def __init__(
+        self,
+        group: DataGroup[D],
+        group_index: int,
+        indices: Sequence[int],
+        arrays: dict[str, jax.Array],
+        additional: dict[str, list[Any]],
+    ) -> None:
+        self._group = group
+        self._group_index = group_index
+        self._indices = indices
+        self._arrays = MappingProxyType(arrays)
+        self._additional = MappingProxyType(additional)
+
+    def __len__(self) -> int:
+        return self._group.batch_size
+
+    @property
+    def is_training(self) -> bool:
+        """True for a :class:`TrainingBatch`."""
+        return False
+
+    @property
+    def is_validation(self) -> bool:
+        """True for a :class:`ValidationBatch`."""
+        return False
+
+    @property
+    def group(self) -> DataGroup[D]:
+        """The DataGroup this batch comes from."""
+        return self._group
+
+    @property
+    def group_index(self) -> int:
+        """The batch's identity within its group (before any batchwise reordering)."""
+        return self._group_index
+
+    @property
+    def indices(self) -> Sequence[int]:
+        """The indices (Python ints) of this batch's items in the group."""
+        return self._indices
+
+    @property
+    def data(self) -> Sequence[D]:
+        """The item descriptors of this batch: ``data[i] == group[indices[i]]``."""
+        return _BatchData(self._group, self._indices)
+
+    def get_data(self, index: int) -> D:
+        """The descriptor of item ``index`` of this batch."""
+        return self._group[self._indices[index]]
+
+    @property
+    def arrays(self) -> MappingProxyType[str, jax.Array]:
+        """``name -> jax.Array`` with a leading batch dimension."""
+        return self._arrays
+
+    def get_array(self, name: str) -> jax.Array:
+        """The array called ``name``; same as ``arrays[name]``."""
+        return self._arrays[name]
+
+    @property
+    def layouts(self) -> MappingProxyType[str, ArrayLayout]:
+        """The memory layouts of the arrays (the group's ``loader_layouts``)."""
+        return self._group.loader_layouts
+
+    @property
+    def additional(self) -> MappingProxyType[str, list[Any]]:
+        """``key -> list`` (one value per item, None where an item did not return the key)."""
+        return self._additional
+
+    def get_additional(self, key: str, index: int | None = None, *, default: Any = None) -> Any:
+        """Extra data the loader returned under ``key``.
+
+        With ``index`` None, a list with one value per item (``default`` where missing);
+        otherwise the value for item ``index`` or ``default``.
+        """
+        values = self._additional.get(key)
+        size = len(self)
+        if index is None:
+            if values is None:
+                return [default] * size
+            return [default if v is None else v for v in values]
+        if values is None:
+            if not -size <= index < size:
+                raise IndexError(f"index {index} is invalid for batch size {size}")
+            return default
+        value = values[index]
+        return default if value is None else value
+
+    @property
+    def uncached(self) -> bool:
+        """True: batches come from the loaders (this version has no batch cache)."""
+        return True
+
+    def cache(self, arrays: dict[str, jax.Array], additional: dict[str, list[Any]] | None = None, *, persist: bool = True) -> None:
+        """Store transformed arrays in the on-disk batch cache (not available in this version)."""
+        raise RuntimeError("cache layouts undefined")
+
+
+class TrainingBatch(Batch[D]):
+    """A batch of training data. Do not derive from or instantiate this class."""
+
+    __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seed")
+
+    def __init__(self, group, group_index, indices, arrays, additional, *, epoch: int, epoch_batch: int, batch_num: int, seed: int) -> None:
+        super().__init__(group, group_index, indices, arrays, additional)
+        self._epoch = epoch
+        self._epoch_batch = epoch_batch
+        self._batch_num = batch_num
+        self._seed = seed
+
+    @property
+    def is_training(self) -> bool:
+        return True
+
+    @property
+    def epoch(self) -> int:
+        """The 0-based training epoch."""
+        return self._epoch
+
+    @property
+    def epoch_batch(self) -> int:
+        """The batch's index within its epoch, counted across groups."""
+        return self._epoch_batch
+
+    @property
+    def batch_num(self) -> int:
+        """The global 0-based batch number, continuous across epochs and resumes."""
+        return self._batch_num
+
+    @property
+    def seed(self) -> int:
+        """The seed of item 0; item k was loaded with ``seed + k``."""
+        return self._seed
+
+    @property
+    def seeds(self) -> range:
+        """The seed of every item."""
+        return range(self._seed, self._seed + len(self))
+
+    def __repr__(self) -> str:
+        return f"<TrainingBatch epoch={self._epoch} epoch_batch={self._epoch_batch} batch_num={self._batch_num}>"
+
+
+class ValidationBatch(Batch[D]):
+    """A batch of validation data. Do not derive from or instantiate this class."""
+
+    __slots__ = ("_validation_epoch", "_validation_epoch_batch", "_validation_batch_num")
+
+    def __init__(self, group, group_index, indices, arrays, additional, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
+        super().__init__(group, group_index, indices, arrays, additional)
+        self._validation_epoch = validation_epoch
+        self._validation_epoch_batch = validation_epoch_batch
+        self._validation_batch_num = validation_batch_num
+
+    @property
+    def is_validation(self) -> bool:
+        return True
+
+    @property
+    def validation_epoch(self) -> int:
+        """Which validation run of this Dataloader run (from 0)."""
+        return self._validation_epoch
+
+    @property
+    def validation_epoch_batch(self) -> int:
+        """The batch's index within its validation run."""
+        return self._validation_epoch_batch
+
+    @property
+    def validation_batch_num(self) -> int:
+        """A counter of validation batches over this Dataloader run."""
+        return self._validation_batch_num
+
+    def __repr__(self) -> str:
+        return f"<ValidationBatch validation_epoch={self._validation_epoch} validation_epoch_batch={self._validation_epoch_batch}>"

@@ -1,0 +1,210 @@
+"""DataGroup: a sequence of item descriptors with one batch size and one set of array shapes.
+
+A group also owns its seed and shuffle mode, and computes the memory layout of one batch: each
+array C-contiguous and batch-major, every array starting on a 64-byte boundary so that a slot can be
+handed to XLA without a copy.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from os import PathLike
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from .schedule import GroupPlan
+
+D = TypeVar("D")
+
+#: ``(item_shape, numpy dtype, jax dtype)``: one array of a group, as the user declares it.
+ArraySpec = tuple[tuple[int, ...], Any, Any]
+#: ``(full_shape, numpy dtype, jax dtype, byte offset, element count)``: one array of a batch in memory.
+ArrayLayout = tuple[tuple[int, ...], np.dtype, Any, int, int]
+
+#: Byte alignment of every array in a batch slot (XLA:CPU aliases 64-byte aligned host memory).
+ALIGNMENT = 64
+
+_SHUFFLE_LATER = ("default", "repeat", "reseed", "itemwise", "batchwise")
+
+
+def align_up(n: int, alignment: int = ALIGNMENT) -> int:
+    """``n`` rounded up to a multiple of ``alignment``."""
+    return -(-n // alignment) * alignment
+
+
+def compute_layouts(batch_size: int, specs: Mapping[str, ArraySpec]) -> tuple[dict[str, ArrayLayout], int]:
+    """Layouts of ``specs`` for ``batch_size`` items, and the bytes one batch needs.
+
+    Arrays are placed in insertion order, each on a 64-byte boundary.
+    """
+    import jax.numpy as jnp
+
+    if not isinstance(specs, Mapping):
+        raise TypeError(f"array specs must be a mapping of name -> (shape, dtype, jax_dtype), got {type(specs).__name__}")
+    layouts: dict[str, ArrayLayout] = {}
+    end = 0
+    for name, spec in specs.items():
+        if not isinstance(name, str):
+            raise TypeError(f"array names must be str, got {name!r}")
+        try:
+            item_shape, dtype, jax_dtype = spec
+        except (TypeError, ValueError):
+            raise TypeError(f"array '{name}' must be (item_shape, numpy_dtype, jax_dtype), got {spec!r}") from None
+        try:
+            item_shape = tuple(int(d) for d in item_shape)
+        except TypeError:
+            raise TypeError(f"array '{name}' shape must be a tuple of ints, got {item_shape!r}") from None
+        full_shape = (batch_size, *item_shape)
+        count = int(np.prod(full_shape))
+        if count < 1:
+            raise ValueError(f"invalid shape for array '{name}': {full_shape}")
+        dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise TypeError(f"array '{name}' has dtype {dtype}, which cannot live in shared memory")
+        jax_dtype = jnp.dtype(jax_dtype)
+        offset = align_up(end)
+        layouts[name] = (full_shape, dtype, jax_dtype, offset, count)
+        end = offset + count * dtype.itemsize
+    return layouts, end
+
+
+class DataGroup(Sequence[D], Generic[D]):
+    """A group of data items sharing a descriptor type, a batch size and array shapes.
+
+    :param batch_size: items per batch; clamped to ``len(data)``. The remainder
+        (``len(data) % batch_size`` items) is dropped every epoch.
+    :param data: the item descriptors. A ``Sequence`` is kept by reference (do not modify it
+        afterwards); any other iterable is materialised with ``list``. Items are passed to the
+        ``loader_func`` in worker processes.
+    :param loader_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays the loader
+        fills for each item. Each array of a batch has shape ``(batch_size, *item_shape)``.
+    :param cache_arrays: arrays of the on-disk batch cache (not available yet).
+    :param cache_location: directory of the on-disk batch cache (not available yet).
+    :param cache_readonly: never write to the cache.
+    :param seed: the group's seed: permutations use ``seed + epoch`` and item seeds count up from it.
+    :param shuffle_first: shuffle the items once, before the first epoch.
+    :param shuffle_later: what changes on each later epoch: ``"repeat"`` (nothing), ``"reseed"``
+        (seeds only), ``"itemwise"`` (a new item permutation and new seeds), ``"batchwise"`` (the
+        order of fixed batches), or ``"default"`` (itemwise without a cache, batchwise with one).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        data: Iterable[D],
+        *,
+        loader_arrays: Mapping[str, ArraySpec] | None = None,
+        cache_arrays: Mapping[str, ArraySpec] | None = None,
+        cache_location: str | PathLike | None = None,
+        cache_readonly: bool = False,
+        seed: int = 0,
+        shuffle_first: bool = False,
+        shuffle_later: str = "default",
+    ) -> None:
+        if type(self) is not DataGroup:
+            warnings.warn(f"{type(self).__name__} derives from hydrax.DataGroup. This is not supported.", SyntaxWarning, stacklevel=2)
+        if shuffle_later not in _SHUFFLE_LATER:
+            raise ValueError("shuffle_later must be 'default', 'repeat', 'reseed', 'itemwise', or 'batchwise'")
+        if isinstance(data, Sequence):
+            self._data = data
+        elif isinstance(data, Iterable):
+            self._data = list(data)
+        else:
+            raise TypeError(f"{type(data)} is not a sequence or iterable")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+        if batch_size < 1:
+            raise ValueError("batch size must be at least 1")
+        if len(self._data) < 1:
+            raise ValueError("batch size must be at least 1 (data is empty: a DataGroup needs at least one item)")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        self._batch_size = min(len(self._data), int(batch_size))
+        self._batch_count = len(self._data) // self._batch_size
+        if loader_arrays is None and cache_arrays is None:
+            raise ValueError("either loader_arrays or cache_arrays must be specified")
+        if cache_arrays is not None or cache_location is not None:
+            raise NotImplementedError(
+                "the on-disk batch cache (cache_arrays, cache_location) is not available in this version of hydrax; "
+                "remove these arguments and load every batch with loader_arrays"
+            )
+        self._cache_readonly = True
+        self._seed = int(seed)
+        self._shuffle_first = bool(shuffle_first)
+        self._shuffle_later = "itemwise" if shuffle_later == "default" else shuffle_later
+        layouts, size = compute_layouts(self._batch_size, loader_arrays)
+        self._loader_layouts = MappingProxyType(layouts)
+        self._loader_size = size
+
+    # Sequence protocol: the group is its data.
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index):
+        return self._data[index]
+
+    @property
+    def data(self) -> Sequence[D]:
+        """The underlying sequence of item descriptors."""
+        return self._data
+
+    @property
+    def batch_size(self) -> int:
+        """Items per batch (after clamping to the data length)."""
+        return self._batch_size
+
+    @property
+    def batch_count(self) -> int:
+        """Full batches per epoch; the remainder is dropped."""
+        return self._batch_count
+
+    @property
+    def loader_layouts(self) -> MappingProxyType[str, ArrayLayout] | None:
+        """``name -> (full_shape, numpy dtype, jax dtype, byte offset, count)`` of the loader arrays."""
+        return self._loader_layouts
+
+    @property
+    def loader_size(self) -> int | None:
+        """Bytes of shared memory one batch of this group occupies."""
+        return self._loader_size
+
+    @property
+    def cache_layouts(self) -> MappingProxyType[str, ArrayLayout] | None:
+        """Layouts of the cache arrays (None: this version has no batch cache)."""
+        return None
+
+    @property
+    def cache_size(self) -> int | None:
+        """Bytes of one cached batch (None: this version has no batch cache)."""
+        return None
+
+    @property
+    def seed(self) -> int:
+        """The group's seed."""
+        return self._seed
+
+    @property
+    def shuffle_first(self) -> bool:
+        """Whether the items are shuffled once before the first epoch."""
+        return self._shuffle_first
+
+    @property
+    def shuffle_later(self) -> str:
+        """The resolved per-epoch shuffle mode (``"default"`` already resolved)."""
+        return self._shuffle_later
+
+    def _plan(self) -> GroupPlan:
+        return GroupPlan(
+            size=len(self._data),
+            batch_size=self._batch_size,
+            batch_count=self._batch_count,
+            seed=self._seed,
+            shuffle_first=self._shuffle_first,
+            shuffle_later=self._shuffle_later,
+        )
+
+    def __repr__(self) -> str:
+        return f"DataGroup(batch_size={self._batch_size}, len={len(self._data)}, shuffle_later={self._shuffle_later!r})"

@@ -1,0 +1,396 @@
+"""Dataloader: the conductor of a run.
+
+It checks the arguments, builds the schedule plan, and inside its ``with`` block owns the arena,
+the worker processes and the pipeline thread; ``__next__`` hands out the pipeline's batches and
+turns interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 programs expect.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterable
+from typing import Any, Callable, Generic, TypeVar
+
+from .arena import Arena
+from .batch import Batch
+from .errors import BatchTimeoutError
+from .group import DataGroup
+from .pipeline import End, Failure, Pipeline
+from .placement import TransferStats, collect_released_buffers
+from .schedule import Plan, iter_steps, normalise_start
+from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method
+
+D = TypeVar("D")
+
+_ONE_YEAR = 31_536_000
+_WAIT_SLICE_S = 0.1
+#: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
+_TASK_PIPE_BUDGET = 48 * 1024
+
+
+def is_worker() -> bool:
+    """True inside any child process (in particular inside hydrax's loader processes)."""
+    return mp.parent_process() is not None
+
+
+def _groups(value: Any, what: str) -> list[DataGroup]:
+    items = [value] if isinstance(value, DataGroup) else value
+    if not isinstance(items, Iterable):
+        raise TypeError(f"{what} must be a hydrax.DataGroup or an iterable of them, got {type(value).__name__}")
+    groups = list(items)
+    for group in groups:
+        if not isinstance(group, DataGroup):
+            raise TypeError(f"data of type {type(group).__name__} is not in a hydrax.DataGroup")
+    if not groups:
+        raise ValueError(f"{what} needs at least one DataGroup")
+    return groups
+
+
+def _int(name: str, value: Any, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+class Dataloader(Generic[D]):
+    """Loads batches of data with worker processes, straight into shared memory, for JAX.
+
+    Use it as a context manager and iterate it::
+
+        with Dataloader(load, DataGroup(256, paths, loader_arrays={"x": ((32,), np.float32, jnp.float32)})) as dl:
+            for batch in dl:
+                train_step(batch.arrays["x"])
+                del batch
+
+    :param loader_func: ``loader_func(item, arrays, seed)``, called in a worker process once per
+        item. ``arrays`` maps each loader array name to a writable numpy view of the item's place
+        in the batch; overwrite it completely and keep no reference to it. ``seed`` is an int for
+        training items and None for validation. Return None or a dict of picklable extras. When
+        this process has already initialised JAX, workers start from a fork server and the
+        function must be picklable (a module-level function).
+    :param training: a DataGroup or an iterable of DataGroups; one pass over all of them is an epoch.
+    :param validation: ``(mode, interval, groups)``: after every ``interval`` training ``"batch"``
+        es or ``"epoch"`` s, one pass over the validation groups.
+    :param depth: batch slots in shared memory: batches loading, waiting, and (on the CPU backend)
+        held by the training loop without a copy.
+    :param loader_count: worker processes. The items of one batch are spread over all of them.
+    :param loader_nice: ``os.nice`` increment applied in each worker.
+    :param cacher_count: cache writer threads (the batch cache is not available in this version).
+    :param start_at: ``(epoch, batch)`` to start from; batches before it are skipped but numbered,
+        shuffled and seeded exactly as in an uninterrupted run, so a resume is bit-exact.
+    :param end_at: ``("epoch", n)`` or ``("batch", n)`` to stop before absolute epoch or batch
+        ``n``; None or ``("never", ...)`` to run until interrupted.
+    :param interleave_groups: with several training groups, pick the least-consumed group before
+        every batch; otherwise drain them in order.
+    :param deterministic: deliver batches in schedule order; False delivers each as soon as it is ready.
+    :param timeout_sec: raise :class:`BatchTimeoutError` when no batch comes for this many seconds
+        (``<= 0``: a year).
+    :param startup_func: called once in each worker before it loads anything.
+    :param placement_func: ``placement_func(arrays, layouts, additional, group)`` returning a dict of
+        ``jax.Array`` with the full batch shapes; the default places on the default device.
+    :param zero_copy: (hydrax extension) on the CPU backend, let the default placement hand slot
+        memory to JAX without a copy while a slot stays free for loading. None (default) and True
+        allow it; False always copies. See :attr:`transfer_stats`.
+    """
+
+    def __init__(
+        self,
+        loader_func: Callable[..., Any],
+        training: DataGroup[D] | Iterable[DataGroup[D]],
+        *,
+        validation: tuple[str, int, DataGroup[D] | Iterable[DataGroup[D]]] | None = None,
+        depth: int = 3,
+        loader_count: int = 1,
+        loader_nice: int = 0,
+        cacher_count: int = 1,
+        start_at: tuple[int, int] = (0, 0),
+        end_at: tuple[str, int] | None = None,
+        interleave_groups: bool = True,
+        deterministic: bool = True,
+        timeout_sec: int = 60,
+        startup_func: Callable[[], None] | None = None,
+        placement_func: Callable[..., dict] | None = None,
+        zero_copy: bool | None = None,
+    ) -> None:
+        if type(self) is not Dataloader:
+            warnings.warn(f"{type(self).__name__} derives from hydrax.Dataloader. This is not supported.", SyntaxWarning, stacklevel=2)
+        if is_worker():
+            raise RuntimeError("Dataloader cannot run in a worker process.")
+        if not callable(loader_func):
+            raise TypeError(f"loader_func must be callable, got {type(loader_func).__name__}")
+        for name, func in (("startup_func", startup_func), ("placement_func", placement_func)):
+            if func is not None and not callable(func):
+                raise TypeError(f"{name} must be callable or None, got {type(func).__name__}")
+        self._training = _groups(training, "training")
+        self._validation: list[DataGroup] = []
+        validation_mode, validation_interval = None, 1
+        if validation is not None:
+            try:
+                validation_mode, validation_interval, validation_groups = validation
+            except (TypeError, ValueError):
+                raise TypeError("validation must be a tuple (mode, interval, groups)") from None
+            if validation_mode not in ("epoch", "batch"):
+                raise ValueError("validation mode must be 'epoch' or 'batch'")
+            validation_interval = _int("validation interval", validation_interval, 1)
+            self._validation = _groups(validation_groups, "validation groups")
+        self._depth = _int("depth", depth, 1)
+        self._loader_count = _int("loader_count", loader_count)
+        if self._loader_count < 1:
+            raise ValueError("loaders are required, cannot provision none")
+        self._loader_nice = _int("loader_nice", loader_nice)
+        _int("cacher_count", cacher_count)
+        try:
+            start_epoch, start_batch = start_at
+            start_epoch, start_batch = _int("start_at epoch", start_epoch), _int("start_at batch", start_batch)
+        except (TypeError, ValueError) as exc:
+            if "must not be negative" in str(exc):
+                raise
+            raise TypeError(f"start_at must be (epoch, batch) ints, got {start_at!r}") from None
+        end = None
+        if end_at is not None:
+            try:
+                kind, value = end_at
+            except (TypeError, ValueError):
+                raise TypeError(f"end_at must be None or (kind, n), got {end_at!r}") from None
+            if kind not in ("never", "epoch", "batch"):
+                raise ValueError("end_at endpoint must be 'never', 'epoch', or 'batch'")
+            if kind != "never":
+                end = (kind, _int("end_at value", value))
+        self._deterministic = bool(deterministic)
+        self._timeout = _ONE_YEAR if _int("timeout_sec", timeout_sec) <= 0 else int(timeout_sec)
+        self._loader_func = loader_func
+        self._startup_func = startup_func
+        self._placement_func = placement_func
+        if zero_copy is not None and not isinstance(zero_copy, bool):
+            raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
+        self._zero_copy = zero_copy
+        plans = tuple(g._plan() for g in self._training)
+        bpe = sum(p.batch_count for p in plans)
+        self._plan = Plan(
+            training=plans,
+            validation=tuple(g._plan() for g in self._validation),
+            validation_mode=validation_mode,
+            validation_interval=validation_interval,
+            start=normalise_start((start_epoch, start_batch), bpe),
+            end=end,
+            interleave=bool(interleave_groups) and len(plans) > 1,
+        )
+        self._state = "new"  # new -> running -> done
+        self._running = False
+        self._interrupted = False
+        self._abort = False
+        self._sigints = 0
+        self._first = True
+        self._idle_ns = 0
+        self._arena: Arena | None = None
+        self._pool: WorkerPool | None = None
+        self._pipeline: Pipeline | None = None
+        self._previous_sigint: Any = None
+        self._method: str | None = None
+        self._stats = TransferStats()
+
+    # -- properties ------------------------------------------------------------------------------
+    @property
+    def batches_per_epoch(self) -> int:
+        """Training batches in one epoch (over all training groups)."""
+        return self._plan.batches_per_epoch
+
+    @property
+    def batches_per_validation(self) -> int:
+        """Batches in one validation run (0 without validation)."""
+        return self._plan.batches_per_validation
+
+    @property
+    def first_batch(self) -> int:
+        """The global number of the first training batch of this run."""
+        return self._plan.first_batch
+
+    @property
+    def last_batch(self) -> int | None:
+        """The global number the run stops before, or None when it has no end."""
+        return self._plan.last_batch
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether batches are delivered in schedule order."""
+        return self._deterministic
+
+    @property
+    def interrupted(self) -> bool:
+        """True after :meth:`interrupt`, a Ctrl+C, or leaving the ``with`` block early."""
+        return self._interrupted
+
+    @property
+    def start_method(self) -> str | None:
+        """(hydrax extension) How the workers of the current or last run started: ``"fork"`` or ``"forkserver"``."""
+        return self._method
+
+    @property
+    def transfer_stats(self) -> dict[str, int]:
+        """(hydrax extension) Batches and bytes handed to JAX without a copy (aliased) and copied."""
+        stats = self._pipeline.stats if self._pipeline is not None else self._stats
+        return stats.as_dict()
+
+    def idle_usec(self) -> int:
+        """Microseconds ``__next__`` spent waiting for batches since the last call (first batch excluded)."""
+        idle, self._idle_ns = self._idle_ns, 0
+        return idle // 1000
+
+    def interrupt(self) -> None:
+        """Stop delivering batches: the next ``__next__`` ends the iteration."""
+        if self._state != "running":
+            raise RuntimeError("dataloader is not set up")
+        self._interrupted = True
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> Dataloader[D]:
+        if self._state != "new":
+            raise RuntimeError("dataloader is already set up" if self._state == "running" else "a Dataloader runs only once: create a new one to run again")
+        self._state = "running"
+        try:
+            self._start()
+        except BaseException:
+            self._shutdown()
+            self._state = "done"
+            raise
+        return self
+
+    def _start(self) -> None:
+        groups = self._training + self._validation
+        plans = list(self._plan.training + self._plan.validation)
+        slot_size = max(g.loader_size for g in groups)
+        self._arena = Arena(self._depth, slot_size, self._loader_count)
+        spec = self._arena.spec()
+        group_specs = [GroupSpec(g.data, p, dict(g.loader_layouts), i < len(self._training)) for i, (g, p) in enumerate(zip(groups, plans))]
+
+        def config_for(tasks, close_in_child):
+            return WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, spec, tasks, close_in_child)
+
+        self._method = start_method()
+        try:
+            self._pool = WorkerPool(self._loader_count, config_for, self._method)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            if self._method != "forkserver":
+                raise
+            raise TypeError(
+                f"cannot send loader_func, startup_func or the data to the worker processes: {exc}. JAX is already "
+                "initialised in this process, so workers start from a fork server and everything they run must be "
+                "picklable: use module-level functions, or create the Dataloader before the first JAX computation"
+            ) from exc
+        self._arena.close_fd()
+        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
+        self._pipeline = Pipeline(
+            iter_steps(self._plan), groups, plans, len(self._training), self._arena, self._pool,
+            self._placement_func, self._deterministic, chunks, self._zero_copy,
+        )
+        self._pipeline.start()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        self._running = True
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._running:
+            self._interrupted = True
+        failed = self._state == "failed"
+        if failed:
+            print("[hydrax]: dataloader failed", file=sys.stderr)
+            if self._pipeline is not None:
+                print(self._pipeline.describe_workers(), file=sys.stderr)
+        elif exc_type is not None:
+            print(f"[hydrax]: shutting down due to {exc_type.__name__}", file=sys.stderr)
+        self._shutdown()
+        self._state = "done"
+
+    def _shutdown(self) -> None:
+        self._running = False
+        if self._pipeline is not None:
+            self._pipeline.stop()
+        if self._pool is not None:
+            self._pool.close(grace=0.5)
+            self._pool = None
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        self._sigints += 1
+        if self._sigints == 1:
+            print("[hydrax] KeyboardInterrupt: interrupting, repeat to abort", file=sys.stderr, flush=True)
+            self._interrupted = True
+        elif self._sigints == 2:
+            print("[hydrax] KeyboardInterrupt: aborting, repeat to terminate", file=sys.stderr, flush=True)
+            self._abort = True
+        else:
+            print("[hydrax] KeyboardInterrupt: terminating", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    # -- iteration -------------------------------------------------------------------------------
+    def __iter__(self) -> Dataloader[D]:
+        if not self._running:
+            raise RuntimeError("dataloader is not running")
+        return self
+
+    def __next__(self) -> Batch[D]:
+        if not self._running:
+            raise RuntimeError("dataloader is not running")
+        output = self._pipeline.output
+        collect_released_buffers()  # the batch the loop just dropped frees its slot now
+        try:
+            item = output.get_nowait()
+        except queue.Empty:
+            item = self._wait(output)
+        if isinstance(item, End):
+            self._running = False
+            raise StopIteration
+        if isinstance(item, Failure):
+            self._fail()
+            raise item.error
+        if self._interrupted:
+            self._end_interrupted()
+        self._first = False
+        return item
+
+    def _wait(self, output: queue.SimpleQueue) -> Any:
+        started = time.monotonic_ns()
+        try:
+            while True:
+                if self._abort:
+                    self._fail()
+                    raise KeyboardInterrupt
+                if self._interrupted:
+                    self._end_interrupted()
+                try:
+                    return output.get(timeout=_WAIT_SLICE_S)
+                except queue.Empty:
+                    pass
+                if time.monotonic_ns() - started >= self._timeout * 1_000_000_000:
+                    self._fail()
+                    raise BatchTimeoutError(
+                        f"no batches have been produced in {self._timeout} seconds; the loader processes:\n"
+                        + self._pipeline.describe_workers()
+                    )
+        finally:
+            if not self._first:
+                self._idle_ns += time.monotonic_ns() - started
+
+    def _end_interrupted(self) -> None:
+        self._running = False
+        raise StopIteration
+
+    def _fail(self) -> None:
+        self._running = False
+        self._state = "failed"

@@ -1,0 +1,365 @@
+"""The pipeline thread: schedule -> workers -> arena -> placement -> ready batches.
+
+One daemon thread in the main process walks the schedule, gives each batch a free slot, splits it
+into tasks for the workers, collects completions, places finished slots into JAX and queues the
+batches in schedule order (or as they finish, when not deterministic). It also watches the
+workers: a process that exits, or whose heartbeat stops, ends the run with a :class:`WorkerError`
+that names the process and the item it was loading.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .arena import Arena
+from .batch import Batch, TrainingBatch, ValidationBatch
+from .errors import WorkerError
+from .placement import TransferStats, collect_released_buffers, place
+from .schedule import GroupPlan, Step, TrainingStep, batch_items, batch_seed, item_order, validation_item_order
+from .workers import WorkerPool
+
+#: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
+HEARTBEAT_STALE_S = 0.9
+_POLL_S = 0.1
+_PINNED_POLL_S = 0.005
+
+
+class End:
+    """Queued after the last batch."""
+
+
+@dataclass
+class Failure:
+    """Queued when the run cannot go on; ``__next__`` raises ``error``."""
+
+    error: BaseException
+
+
+@dataclass
+class _InFlight:
+    seq: int
+    step: Step
+    group: int
+    slot: int
+    indices: Sequence[int]
+    remaining: int
+    extras: dict[int, dict] = field(default_factory=dict)
+    error: str | None = None
+
+
+def chunk_bounds(batch_size: int, chunks: int) -> list[tuple[int, int]]:
+    """Split positions ``[0, batch_size)`` into at most ``chunks`` contiguous, near-equal ranges."""
+    chunks = max(1, min(chunks, batch_size))
+    step, extra = divmod(batch_size, chunks)
+    bounds, start = [], 0
+    for i in range(chunks):
+        end = start + step + (i < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class Pipeline:
+    """Runs one Dataloader run's batches from schedule to ready queue on a background thread."""
+
+    def __init__(
+        self,
+        steps: Iterator[Step],
+        groups: list,  # DataGroups: training first, then validation
+        plans: list[GroupPlan],
+        training_count: int,
+        arena: Arena,
+        pool: WorkerPool,
+        placement_func: Callable | None,
+        deterministic: bool,
+        chunks_per_batch: int,
+        zero_copy: bool | None,
+    ) -> None:
+        self.output: queue.SimpleQueue = queue.SimpleQueue()
+        self.stats = TransferStats()
+        self._steps = steps
+        self._groups = groups
+        self._plans = plans
+        self._training_count = training_count
+        self._arena = arena
+        self._pool = pool
+        self._placement_func = placement_func
+        self._deterministic = deterministic
+        self._chunks = chunks_per_batch
+        self._zero_copy = zero_copy
+        self._inflight: dict[int, _InFlight] = {}
+        self._task_batch: dict[int, int] = {}
+        self._finished: dict[int, Batch | None] = {}
+        self._next_seq = 0
+        self._deliver_seq = 0
+        self._task_id = 0
+        self._exhausted = False
+        self._stopping = threading.Event()
+        self._pinned: set[int] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        arena.on_release = self._slot_released
+        self._cpu = True
+        self.thread = threading.Thread(target=self._run, name="hydrax-pipeline", daemon=True)
+
+    # -- control -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop submitting and return from the thread as soon as possible."""
+        self._stopping.set()
+        self._wake()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _slot_released(self, slot: int) -> None:
+        self._pinned.discard(slot)
+        self._wake()
+
+    # -- the thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            import jax
+
+            self._cpu = jax.default_backend() == "cpu"
+            if self._zero_copy is None:
+                self._zero_copy = True
+            self._loop()
+        except BaseException as exc:  # never die silently: the training loop must hear of it
+            traceback.print_exc()
+            self.output.put(Failure(RuntimeError(f"hydrax pipeline thread failed: {exc!r}")))
+
+    def _loop(self) -> None:
+        sentinels = {p.sentinel: i for i, p in enumerate(self._pool.processes)}
+        connections = {c: i for i, c in enumerate(self._pool.connections)}
+        waitables = [*connections, *sentinels, self._wake_r]
+        next_health_check = 0.0
+        while not self._stopping.is_set():
+            self._fill()
+            if self._exhausted and not self._inflight:
+                self.output.put(End())
+                return
+            timeout = _POLL_S
+            if self._pinned and not self._exhausted and self._arena.free_count == 0:
+                # Slots held only by dead jax.Arrays come back once XLA collects; keep asking.
+                collect_released_buffers()
+                timeout = _PINNED_POLL_S
+            for ready in wait(waitables, timeout=timeout):
+                if ready is self._wake_r:
+                    try:
+                        while os.read(self._wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif ready in connections:
+                    if not self._receive(ready, connections[ready]):
+                        return
+                elif ready in sentinels:
+                    self._fail_worker(sentinels[ready], "exited")
+                    return
+                if self._stopping.is_set():
+                    return
+            now = time.monotonic()
+            if now >= next_health_check:
+                next_health_check = now + 0.2
+                frozen = self._frozen_worker()
+                if frozen is not None:
+                    self._fail_worker(frozen, "stopped responding (no heartbeat for over a second)")
+                    return
+
+    def _fill(self) -> None:
+        while not self._exhausted and not self._stopping.is_set():
+            slot = self._arena.acquire()
+            if slot is None:
+                return
+            try:
+                step = next(self._steps)
+            except StopIteration:
+                self._exhausted = True
+                self._arena.free_now(slot)
+                return
+            self._submit(step, slot)
+
+    def _submit(self, step: Step, slot: int) -> None:
+        if isinstance(step, TrainingStep):
+            group = step.group
+            epoch = step.epoch
+            order = item_order(self._plans[group], epoch)
+        else:
+            group = self._training_count + step.group
+            epoch = 0
+            order = validation_item_order(self._plans[group])
+        plan = self._plans[group]
+        seq = self._next_seq
+        self._next_seq += 1
+        bounds = chunk_bounds(plan.batch_size, self._chunks)
+        record = _InFlight(seq, step, group, slot, batch_items(order, plan.batch_size, step.group_index), len(bounds))
+        self._inflight[seq] = record
+        for first, end in bounds:
+            self._task_id += 1
+            self._task_batch[self._task_id] = (seq, first)
+            self._pool.submit(self._task_id, slot, group, epoch, step.group_index, first, end)
+
+    def _receive(self, connection, worker: int) -> bool:
+        try:
+            while connection.poll():
+                task, ok, extras, error = connection.recv()
+                seq, first = self._task_batch.pop(task)
+                record = self._inflight[seq]
+                record.remaining -= 1
+                if not ok and record.error is None:
+                    record.error = error
+                if extras:
+                    for k, value in enumerate(extras, first):
+                        if value:
+                            record.extras[k] = value
+                if record.remaining == 0:
+                    del self._inflight[seq]
+                    self._finish(record)
+        except (EOFError, OSError):
+            self._fail_worker(worker, "exited")
+            return False
+        return True
+
+    def _finish(self, record: _InFlight) -> None:
+        batch = None
+        if record.error is not None:
+            self._arena.free_now(record.slot)
+        else:
+            batch = self._place(record)
+        if not self._deterministic:
+            if batch is not None:
+                self.output.put(batch)
+            return
+        self._finished[record.seq] = batch
+        while self._deliver_seq in self._finished:
+            ready = self._finished.pop(self._deliver_seq)
+            self._deliver_seq += 1
+            if ready is not None:
+                self.output.put(ready)
+
+    def _place(self, record: _InFlight) -> Batch | None:
+        group = self._groups[record.group]
+        plan = self._plans[record.group]
+        layouts = group.loader_layouts
+        additional: dict[str, list[Any]] = {}
+        for position, extras in record.extras.items():
+            for key, value in extras.items():
+                additional.setdefault(key, [None] * plan.batch_size)[position] = value
+        lease = self._arena.lease(record.slot)
+        may_alias = bool(self._zero_copy) and self._cpu and len(self._pinned) < self._arena.depth - 1
+        try:
+            views = {
+                name: np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
+                for name, (shape, dtype, _jax, offset, count) in layouts.items()
+            }
+            try:
+                arrays = place(self._placement_func, views, layouts, additional, group, may_alias)
+            finally:
+                del views
+        except Exception:
+            print(f"[hydrax] exception while placing batch {record.step}:")
+            traceback.print_exc()
+            lease.seal()
+            return None
+        lease.seal()
+        if not lease.released:
+            self._pinned.add(record.slot)
+        if self._cpu and lease.exports:
+            self.stats.aliased_batches += 1
+            self.stats.aliased_bytes += group.loader_size
+        else:
+            self.stats.copied_batches += 1
+            self.stats.copied_bytes += group.loader_size
+        step = record.step
+        if isinstance(step, TrainingStep):
+            return TrainingBatch(
+                group, step.group_index, record.indices, arrays, additional,
+                epoch=step.epoch, epoch_batch=step.epoch_batch, batch_num=step.batch_num,
+                seed=batch_seed(plan, step.epoch, step.group_index),
+            )
+        return ValidationBatch(
+            group, step.group_index, record.indices, arrays, additional,
+            validation_epoch=step.validation_epoch, validation_epoch_batch=step.validation_epoch_batch,
+            validation_batch_num=step.validation_batch_num,
+        )
+
+    # -- health ------------------------------------------------------------------------------
+    def _frozen_worker(self) -> int | None:
+        now = time.monotonic_ns()
+        for i, process in enumerate(self._pool.processes):
+            beat = self._arena.heartbeat(i)
+            if beat and now - beat > HEARTBEAT_STALE_S * 1e9 and process.is_alive():
+                return i
+        return None
+
+    def describe_item(self, worker: int) -> str | None:
+        """What worker ``worker`` is loading, in words, or None when it is idle."""
+        task, position, started = self._arena.current_item(worker)
+        seq, _first = self._task_batch.get(task, (None, 0))
+        record = self._inflight.get(seq) if seq is not None else None
+        if record is None or position < 0:
+            return None
+        index = record.indices[position]
+        kind = "training" if isinstance(record.step, TrainingStep) else "validation"
+        group = record.group if kind == "training" else record.group - self._training_count
+        try:
+            item = repr(self._groups[record.group][index])
+        except Exception as exc:
+            item = f"<unavailable: {exc!r}>"
+        if len(item) > 200:
+            item = item[:197] + "..."
+        seconds = (time.monotonic_ns() - started) / 1e9
+        return f"item {index} ({item}) of {kind} group {group}, position {position} of batch {record.step}, for {seconds:.1f} s"
+
+    def describe_workers(self) -> str:
+        """One line per worker: alive or not, and what it is loading."""
+        lines = []
+        for i, process in enumerate(self._pool.processes):
+            doing = self.describe_item(i) or "idle"
+            state = "alive" if process.is_alive() else f"exited ({process.exitcode})"
+            lines.append(f"  {process.name} (pid {process.pid}, {state}): {doing}")
+        return "\n".join(lines)
+
+    def _fail_worker(self, worker: int, what: str) -> None:
+        process = self._pool.processes[worker]
+        process.join(0.05)
+        code = process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        elif code is not None:
+            how = f"exited with status {code}"
+        else:
+            how = what
+        doing = self.describe_item(worker)
+        where = f"while loading {doing}" if doing else "while idle"
+        message = f"loader process {process.name} (pid {process.pid}) {how} {where}"
+        print(f"[hydrax] loader process exited, aborting: {message}", flush=True)
+        self.output.put(Failure(WorkerError(message)))

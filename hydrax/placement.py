@@ -1,0 +1,115 @@
+"""Placement: turning a finished slot's numpy views into ``jax.Array`` s.
+
+The default placement hands the slot to JAX without a copy where that is safe. On the CPU backend
+``jax.device_put`` of 64-byte aligned memory aliases it, so the slot stays pinned for as long as
+the user keeps the batch; the pipeline therefore allows that only while at least one other slot
+stays free for loading, and copies otherwise, so a loop that holds on to batches slows down
+instead of stalling (hydrax 0.2.2 stalls there). Other backends copy to the device, and the slot
+is recycled as soon as the transfer no longer needs it.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable
+
+import numpy as np
+
+from .group import ALIGNMENT
+
+PlacementFunc = Callable[..., dict]
+
+
+@dataclass
+class TransferStats:
+    """How batches reached JAX in a run: counts of batches and bytes, by path."""
+
+    aliased_batches: int = 0
+    copied_batches: int = 0
+    aliased_bytes: int = 0
+    copied_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def collect_released_buffers() -> None:
+    """Let JAX drop the host arrays of ``jax.Array`` s that are already gone.
+
+    XLA releases the numpy array behind a dead ``jax.Array`` lazily, at its next garbage
+    collection point; until then the slot under it counts as in use. hydrax 0.2.2 waited for that
+    without ever causing it, which is how its runs stalled. The call costs a few microseconds.
+    """
+    lib = sys.modules.get("jax._src.lib")
+    collect = getattr(getattr(lib, "_jax", None), "collect_garbage", None)
+    if collect is not None:
+        collect()
+    elif lib is not None:
+        gc.collect()
+
+
+def aligned_copy(view: np.ndarray, dtype: Any) -> np.ndarray:
+    """A private copy of ``view`` in ``dtype`` whose data starts on a 64-byte boundary.
+
+    Handing this to ``jax.device_put`` costs one copy in all: XLA:CPU adopts aligned memory, and
+    the slot itself is not referenced afterwards.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = view.size * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    out = raw[start : start + nbytes].view(dtype).reshape(view.shape)
+    np.copyto(out, view, casting="unsafe")
+    return out
+
+
+def default_placement(views: dict[str, np.ndarray], layouts, may_alias: bool) -> dict[str, Any]:
+    """``jax.Array`` s for ``views`` on the default device.
+
+    With ``may_alias`` (CPU backend) and matching dtypes the slot memory itself becomes the
+    array; otherwise the data is copied once, so the slot is free as soon as this returns.
+    """
+    import jax
+
+    out = {}
+    for name, view in views.items():
+        jax_dtype = layouts[name][2]
+        if may_alias and view.dtype == jax_dtype:
+            out[name] = jax.device_put(view)
+        else:
+            out[name] = jax.device_put(aligned_copy(view, jax_dtype))
+    return out
+
+
+def check_placed(result: Any, layouts) -> None:
+    """Validate what a custom ``placement_func`` returned (run under ``__debug__`` only)."""
+    import jax
+
+    if not isinstance(result, dict):
+        raise TypeError(f"placement_func must return a dict of jax.Array, got {type(result).__name__}")
+    for name in layouts:
+        if name not in result:
+            raise ValueError(f"array '{name}' was not provided")
+    for name, value in result.items():
+        if name not in layouts:
+            raise ValueError(f"placement_func result has unexpected name '{name}'")
+        if not isinstance(value, jax.Array):
+            raise TypeError(f"array '{name}' from placement_func is {type(value).__name__}, not a jax.Array")
+        shape, _dtype, jax_dtype, _offset, _count = layouts[name]
+        if tuple(value.shape) != tuple(shape):
+            raise ValueError(f"array '{name}' from placement_func has shape {tuple(value.shape)}, expected {tuple(shape)}")
+        if value.dtype != jax_dtype:
+            raise ValueError(f"array '{name}' from placement_func has dtype {value.dtype}, expected {jax_dtype}")
+
+
+def place(placement_func: PlacementFunc | None, views: dict[str, np.ndarray], layouts, additional, group, may_alias: bool) -> dict[str, Any]:
+    """Run the user's ``placement_func`` (checked) or the default placement."""
+    if placement_func is None:
+        return default_placement(views, layouts, may_alias)
+    result = placement_func(MappingProxyType(views), layouts, MappingProxyType(additional), group)
+    if __debug__:
+        check_placed(result, layouts)
+    return result

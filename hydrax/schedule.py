@@ -1,0 +1,227 @@
+"""The batch schedule, as pure functions of (seed, epoch, position).
+
+Everything about *which* batch comes next, which items it holds and which seeds they get lives
+here, with no processes and no I/O, so it can be tested exhaustively and so worker processes can
+compute item indices and seeds themselves from a few integers. The rules are those of hydrax 0.2.2
+(see ``hydrax-api.md`` section 4), with its schedule defects fixed: every validation run yields its
+batches, ``interleave_groups`` really interleaves, and an end point at or before the start point
+ends the run at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+#: The resolved shuffle modes (``"default"`` resolves to one of these).
+SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise")
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What the schedule needs to know about one DataGroup: a few integers and two flags."""
+
+    size: int
+    batch_size: int
+    batch_count: int
+    seed: int
+    shuffle_first: bool
+    shuffle_later: str
+
+
+@lru_cache(maxsize=64)
+def _permutation_cached(seed: int, n: int) -> np.ndarray:
+    perm = np.random.Generator(np.random.PCG64(seed)).permutation(n)
+    perm.setflags(write=False)
+    return perm
+
+
+def permutation(seed: int, n: int) -> np.ndarray:
+    """``Generator(PCG64(seed)).permutation(n)``, read-only and cached: hydrax's only RNG."""
+    return _permutation_cached(int(seed), int(n))
+
+
+def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
+    """The item permutation a training group uses in ``epoch`` (None means the identity)."""
+    if plan.shuffle_later == "itemwise" and epoch > 0:
+        return permutation(plan.seed + epoch, plan.size)
+    if plan.shuffle_first:
+        return permutation(plan.seed, plan.size)
+    return None
+
+
+def validation_item_order(plan: GroupPlan) -> np.ndarray | None:
+    """Validation groups are only ever shuffled once, by ``shuffle_first``."""
+    return permutation(plan.seed, plan.size) if plan.shuffle_first else None
+
+
+def batch_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
+    """The order in which a training group's batches are taken in ``epoch`` (None: identity)."""
+    if plan.shuffle_later == "batchwise" and epoch > 0:
+        return permutation(plan.seed + epoch, plan.batch_count)
+    return None
+
+
+def batch_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:
+    """Seed of item 0 of training batch ``group_index``; item k gets ``batch_seed + k``.
+
+    ``reseed`` and ``itemwise`` move the seeds on every epoch; ``repeat`` and ``batchwise`` tie
+    them to the batch identity.
+    """
+    bs = plan.batch_size
+    if plan.shuffle_later in ("reseed", "itemwise"):
+        return plan.seed + epoch * plan.batch_count * bs + group_index * bs
+    return plan.seed + group_index * bs
+
+
+def batch_items(order: np.ndarray | None, batch_size: int, group_index: int) -> Sequence[int]:
+    """The item indices (Python ints) of batch ``group_index`` under the item ``order``."""
+    start = group_index * batch_size
+    if order is None:
+        return range(start, start + batch_size)
+    return order[start : start + batch_size].tolist()
+
+
+class TrainingStep(NamedTuple):
+    """One training batch of the schedule."""
+
+    batch_num: int
+    epoch: int
+    epoch_batch: int
+    group: int
+    group_index: int
+
+
+class ValidationStep(NamedTuple):
+    """One validation batch of the schedule (``group`` indexes the validation groups)."""
+
+    validation_epoch: int
+    validation_epoch_batch: int
+    validation_batch_num: int
+    group: int
+    group_index: int
+
+
+Step = TrainingStep | ValidationStep
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole run: its groups, where it starts and ends, and when it validates.
+
+    ``start`` must already be normalised (see :func:`normalise_start`).
+    """
+
+    training: tuple[GroupPlan, ...]
+    validation: tuple[GroupPlan, ...] = ()
+    validation_mode: str | None = None
+    validation_interval: int = 1
+    start: tuple[int, int] = (0, 0)
+    end: tuple[str, int] | None = None
+    interleave: bool = True
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return sum(g.batch_count for g in self.training)
+
+    @property
+    def batches_per_validation(self) -> int:
+        return sum(g.batch_count for g in self.validation) if self.validation_mode else 0
+
+    @property
+    def first_batch(self) -> int:
+        return self.start[0] * self.batches_per_epoch + self.start[1]
+
+    @property
+    def last_batch(self) -> int | None:
+        if self.end is None:
+            return None
+        kind, n = self.end
+        return n if kind == "batch" else n * self.batches_per_epoch
+
+
+def normalise_start(start_at: tuple[int, int], batches_per_epoch: int) -> tuple[int, int]:
+    """``(epoch, offset)`` with the offset folded into ``[0, batches_per_epoch)``."""
+    epoch, offset = start_at
+    carry, offset = divmod(offset, batches_per_epoch)
+    epoch += carry
+    if epoch < 0:
+        raise ValueError("start_at must not be negative")
+    return epoch, offset
+
+
+def epoch_group_sequence(plan: Plan) -> list[tuple[int, int]]:
+    """``(group, cursor position)`` for every batch of one epoch, in delivery order.
+
+    Sequential mode drains the groups in list order. Interleaved mode picks, before every batch,
+    the group with the smallest consumed fraction (ties go to the lowest index), compared exactly.
+    The sequence is the same for every epoch.
+    """
+    counts = [g.batch_count for g in plan.training]
+    if not plan.interleave or len(counts) == 1:
+        return [(g, c) for g, n in enumerate(counts) for c in range(n)]
+    cursors = [0] * len(counts)
+    sequence = []
+    for _ in range(sum(counts)):
+        best = -1
+        for g, n in enumerate(counts):
+            if cursors[g] == n:
+                continue
+            # cursors[g] / n < cursors[best] / counts[best], without floating point
+            if best < 0 or cursors[g] * counts[best] < cursors[best] * n:
+                best = g
+        sequence.append((best, cursors[best]))
+        cursors[best] += 1
+    return sequence
+
+
+def iter_steps(plan: Plan) -> Iterator[Step]:
+    """Yield the batches of a run in schedule order (forever when the plan has no end).
+
+    Batches before ``plan.start`` are walked "virtually" so numbering, permutations and seeds are
+    those of an uninterrupted run; validation is suppressed while skipping, except that a resume
+    point sitting on a batch-mode validation boundary runs that validation first (as 0.2.2 does).
+    """
+    bpe = plan.batches_per_epoch
+    last = plan.last_batch
+    if last is not None and plan.first_batch >= last:
+        return
+    end_epoch = plan.end[1] if plan.end is not None and plan.end[0] == "epoch" else None
+    epoch, seek = plan.start
+    batch = epoch * bpe
+    sequence = epoch_group_sequence(plan)
+    validation_run = 0
+    validation_batch_num = 0
+
+    def validation() -> Iterator[ValidationStep]:
+        nonlocal validation_run, validation_batch_num
+        epoch_batch = 0
+        for g, vplan in enumerate(plan.validation):
+            for c in range(vplan.batch_count):
+                yield ValidationStep(validation_run, epoch_batch, validation_batch_num, g, c)
+                epoch_batch += 1
+                validation_batch_num += 1
+        validation_run += 1
+
+    while True:
+        orders = [batch_order(g, epoch) for g in plan.training]
+        for epoch_batch, (g, cursor) in enumerate(sequence):
+            if seek > 0:
+                seek -= 1
+            else:
+                order = orders[g]
+                group_index = cursor if order is None else int(order[cursor])
+                yield TrainingStep(batch, epoch, epoch_batch, g, group_index)
+            batch += 1
+            if seek == 0 and plan.validation_mode == "batch" and batch % plan.validation_interval == 0:
+                yield from validation()
+            if last is not None and plan.end[0] == "batch" and batch >= last:
+                return
+        epoch += 1
+        if seek == 0 and plan.validation_mode == "epoch" and epoch % plan.validation_interval == 0:
+            yield from validation()
+        if end_epoch is not None and epoch >= end_epoch:
+            return

@@ -1,0 +1,294 @@
+"""Loader worker processes: how they start, what they run, and how they report.
+
+Workers are started once per run. They receive the groups' data, plans and layouts once, then
+take *tasks* from one shared pipe: fixed-size records naming a slot, a group, an epoch, a batch and
+a range of positions in it. A worker computes each item's index and seed from the schedule
+itself, calls the user's ``loader_func`` with writable views of the item's place in the slot, and
+sends one completion per task. No descriptor is pickled per item.
+
+Start method: a plain fork while this process has no live JAX backend (fast, and a loader
+defined in ``__main__`` is simply there); otherwise a forkserver that has imported ``__main__``,
+because forking a process with live XLA threads can deadlock the child. Workers die with their
+parent (``PR_SET_PDEATHSIG`` and end-of-file on the task pipe), even when it is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import struct
+import sys
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import _core
+from .arena import ArenaSpec, FdHandle, ITEM_WORDS
+from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation_item_order
+
+#: task id, slot, group, epoch, batch (group_index), first position, end position
+TASK = struct.Struct("<qiiqqii")
+STOP_TASK = -1
+HEARTBEAT_PERIOD_US = 100_000
+
+
+@dataclass
+class GroupSpec:
+    """A group as a worker sees it: its data, plan and layouts; validation groups have no seeds."""
+
+    data: Sequence[Any]
+    plan: GroupPlan
+    layouts: dict
+    training: bool
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs, sent once when it starts."""
+
+    loader_func: Callable
+    startup_func: Callable | None
+    loader_nice: int
+    groups: list[GroupSpec]
+    arena: ArenaSpec
+    tasks: FdHandle
+    close_in_child: tuple[int, ...]  # fork only: the parent's ends of our pipes
+
+
+def jax_backend_live() -> bool:
+    """True when this process has initialised a JAX backend (and so runs XLA threads)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(bridge is not None and getattr(bridge, "_backends", None))
+
+
+def start_method() -> str:
+    """``"fork"`` when that is safe here, else ``"forkserver"``."""
+    return "forkserver" if jax_backend_live() else "fork"
+
+
+def context(method: str) -> mp.context.BaseContext:
+    """The multiprocessing context for ``method``; the forkserver preloads ``__main__``."""
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["__main__", "hydrax.workers"])
+    return ctx
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _clean_traceback(exc: BaseException) -> None:
+    # A traceback keeps the loader's frame, and with it the item views, alive.
+    traceback.clear_frames(exc.__traceback__)
+
+
+class _ItemViews:
+    """Per (slot, group): writable views of each item's place, built once and reused."""
+
+    __slots__ = ("mappings", "views", "counts")
+
+    def __init__(self, memory: _core.ArenaMap, slot_offset: int, layouts: dict) -> None:
+        arrays = []
+        for full_shape, dtype, _jax_dtype, offset, count in layouts.values():
+            arrays.append(np.frombuffer(memory, dtype=dtype, count=count, offset=slot_offset + offset).reshape(full_shape))
+        names = list(layouts)
+        batch = arrays[0].shape[0]
+        self.mappings = []
+        self.views = []
+        for k in range(batch):
+            item = tuple(a[k, ...] for a in arrays)  # 0-d views for item_shape == ()
+            self.views.append(item)
+            self.mappings.append(MappingProxyType(dict(zip(names, item))))
+        self.counts = [_refcounts(item) for item in self.views]
+
+    def dangling(self, k: int) -> bool:
+        return _refcounts(self.views[k]) != self.counts[k]
+
+
+def _refcounts(views: tuple) -> list[int]:
+    # Measured the same way for the baseline and the check, so temporaries cancel out.
+    return [sys.getrefcount(v) for v in views]
+
+
+def worker_main(config: WorkerConfig, index: int, completions) -> None:
+    """Body of worker process ``index``: load tasks until the task pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    for fd in config.close_in_child:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    memory = config.arena.map()
+    status = config.arena.worker_status(index)
+    threading.Thread(target=_core.heartbeat, args=(memory, status, HEARTBEAT_PERIOD_US), name="hydrax-heartbeat", daemon=True).start()
+    if config.loader_nice:
+        try:
+            os.nice(config.loader_nice)
+        except OSError as exc:
+            print(f"[hydrax] loader_nice={config.loader_nice} not applied: {exc}", file=sys.stderr)
+    if config.startup_func is not None:
+        config.startup_func()
+    _Loop(config, memory, status + ITEM_WORDS, completions).run()
+
+
+class _Loop:
+    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, completions) -> None:
+        self.config = config
+        self.memory = memory
+        self.status = status
+        self.completions = completions
+        self.views: dict[tuple[int, int], _ItemViews] = {}
+        self.orders: dict[tuple[int, int], Any] = {}
+
+    def item_views(self, slot: int, group: int) -> _ItemViews:
+        key = (slot, group)
+        views = self.views.get(key)
+        if views is None:
+            views = _ItemViews(self.memory, self.config.arena.slot_offsets[slot], self.config.groups[group].layouts)
+            self.views[key] = views
+        return views
+
+    def order(self, group: int, epoch: int):
+        key = (group, epoch)
+        if key not in self.orders:
+            spec = self.config.groups[group]
+            if len(self.orders) > 8:
+                self.orders.clear()
+            self.orders[key] = item_order(spec.plan, epoch) if spec.training else validation_item_order(spec.plan)
+        return self.orders[key]
+
+    def run(self) -> None:
+        fd = self.config.tasks.fd
+        while True:
+            try:
+                message = os.read(fd, TASK.size)
+            except InterruptedError:
+                continue
+            if len(message) != TASK.size:
+                return  # the parent closed the pipe (or died)
+            task = TASK.unpack(message)
+            if task[0] == STOP_TASK:
+                return
+            self.completions.send(self.load(*task))
+
+    def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
+        spec = self.config.groups[group]
+        plan = spec.plan
+        indices = batch_items(self.order(group, epoch), plan.batch_size, group_index)
+        seed0 = batch_seed(plan, epoch, group_index) if spec.training else None
+        views = self.item_views(slot, group)
+        loader = self.config.loader_func
+        data = spec.data
+        memory, status = self.memory, self.status
+        extras: list | None = None
+        for k in range(first, end):
+            _core.mark_item(memory, status, task, k)
+            item = data[indices[k]]
+            try:
+                result = loader(item, views.mappings[k], None if seed0 is None else seed0 + k)
+                if result is not None and __debug__:
+                    result = _check_result(result)
+            except BaseException as exc:
+                print(f"[hydrax] exception while loading data item: {item!r}", file=sys.stderr)
+                traceback.print_exc()
+                _clean_traceback(exc)
+                _core.mark_item(memory, status, 0, -1)
+                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})")
+            if views.dangling(k):
+                warnings.warn("loader memory has dangling reference", RuntimeWarning)
+                del self.views[(slot, group)]
+                views = self.item_views(slot, group)
+            if result:
+                if extras is None:
+                    extras = [None] * (end - first)
+                extras[k - first] = result
+        _core.mark_item(memory, status, 0, -1)
+        return (task, True, extras, None)
+
+
+def _check_result(result):
+    if not isinstance(result, dict):
+        raise TypeError(f"loader_func must return a dict or None, got {type(result).__name__}")
+    for key, value in result.items():
+        if isinstance(value, np.ndarray) or type(value).__module__.startswith(("jax", "jaxlib")):
+            warnings.warn(f"additional data '{key}' has array type {type(value)}", RuntimeWarning)
+    return result
+
+
+class WorkerPool:
+    """``count`` worker processes sharing one task pipe, each with its own completion pipe."""
+
+    def __init__(self, count: int, config_for: Callable[[FdHandle, tuple[int, ...]], WorkerConfig], method: str) -> None:
+        self.method = method
+        ctx = context(method)
+        task_r, task_w = os.pipe()
+        os.set_blocking(task_w, True)
+        self._task_w: int | None = task_w
+        self.processes: list[mp.process.BaseProcess] = []
+        self.connections = []
+        close_in_child = (task_w,) if method == "fork" else ()
+        config = config_for(FdHandle(task_r), close_in_child)
+        try:
+            with warnings.catch_warnings():
+                # numpy's BLAS threads make Python 3.12 warn about fork; they are fork-safe, and
+                # fork is only chosen while no JAX backend (the unsafe kind of thread) is live.
+                warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
+                for i in range(count):
+                    receive, send = ctx.Pipe(duplex=False)
+                    process = ctx.Process(target=worker_main, args=(config, i, send), name=f"hydrax-loader-{i}", daemon=True)
+                    process.start()
+                    send.close()
+                    self.processes.append(process)
+                    self.connections.append(receive)
+        except BaseException:
+            os.close(task_r)
+            self.close(grace=0)
+            raise
+        os.close(task_r)
+
+    @property
+    def sentinels(self) -> list[int]:
+        return [p.sentinel for p in self.processes]
+
+    def submit(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int) -> None:
+        """Queue one task; fixed-size records below PIPE_BUF are written and read atomically."""
+        if self._task_w is None:
+            raise RuntimeError("the worker pool is closed")
+        os.write(self._task_w, TASK.pack(task, slot, group, epoch, group_index, first, end))
+
+    def close(self, grace: float = 1.0) -> None:
+        """Stop the workers: end of tasks, then SIGTERM and SIGKILL for any still running after ``grace``."""
+        if self._task_w is not None:
+            os.close(self._task_w)
+            self._task_w = None
+        for p in self.processes:
+            p.join(grace)
+            grace = 0.05
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in self.processes:
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.connections:
+            c.close()
+        for p in self.processes:
+            p.close()
+        self.processes = []
+        self.connections = []

@@ -1,0 +1,412 @@
+"""Record differential-test fixtures from the real hydrax 0.2.2.
+
+This script runs a fixed list of small, deterministic Dataloader scenarios under the
+*original* hydrax 0.2.2 (installed from PyPI in a separate virtual environment, not
+our re-implementation) and writes everything each scenario yields to a JSON file.
+Our own tests replay the same scenarios against the re-implementation and compare
+(see ``tests/fixtures/compat_022.json`` for the committed output, and
+``/work/shared/hydrax-api.md`` sections 4 and 15 for the behaviour and the upstream
+defects listed in each scenario's ``upstream_defects``).
+
+How to rerun (from the repository root)::
+
+    python3.11 -m venv /work/venv-hydrax022
+    /work/venv-hydrax022/bin/pip install hydrax==0.2.2 jax jaxlib numpy
+    /work/venv-hydrax022/bin/python tools/compat/record_fixtures.py tests/fixtures/compat_022.json
+
+Optional extra arguments are scenario names, to run (and write) only those.
+
+Notes:
+- The placement function *copies* the batch (``np.array(v, copy=True)``), because
+  0.2.2's default placement can alias shared memory on the CPU backend and stall
+  (hydrax-api.md section 10.3 / defect 9).
+- Every scenario uses ``deterministic=True`` and ends through ``end_at`` or through the
+  consumer breaking out after ``max_batches``, so the output is reproducible: running
+  the script twice gives byte-identical JSON.
+- The loader function and the fail-item start-up hook are module-level because 0.2.2
+  spawns its worker processes; all driving code is under ``if __name__ == "__main__"``.
+- Scenarios that raise or stall under 0.2.2 are reported on stderr and left out of the
+  output; the exit status is then 1.
+
+Fixture format::
+
+    {"hydrax_version": "0.2.2", "dtype": "int64", "scenarios": [
+        {"name", "training": [GROUP...], "validation": null | {"mode", "interval", "groups"},
+         "kwargs": {"start_at", "end_at", "interleave_groups", "depth", "loader_count"},
+         "fail_items", "max_batches", "upstream_defects",
+         "result": {"batches_per_epoch", "batches_per_validation", "first_batch",
+                    "last_batch", "interrupted", "batches": [BATCH...]}}]}
+
+    GROUP = {"n", "batch_size", "seed", "shuffle_first", "shuffle_later", "base"}
+    (data = list(range(base, base + n)); loader_arrays = {"item": ((1,), int64, int64),
+     "seed": ((1,), int64, int64)})
+"""
+
+import functools
+import json
+import os
+import sys
+import traceback
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+DTYPE = "int64"
+NP_DTYPE = np.int64
+JNP_DTYPE = jnp.int64
+
+# Data values for which the loader raises; set in each worker by _set_fail_items
+# (passed as the Dataloader's startup_func, which survives spawn because it is a
+# functools.partial of a module-level function).
+FAIL_ITEMS: frozenset = frozenset()
+
+
+def _set_fail_items(items):
+    global FAIL_ITEMS
+    FAIL_ITEMS = frozenset(items)
+
+
+def loader(data, arrays, seed):
+    if data in FAIL_ITEMS:
+        raise ValueError(f"planned failure {data}")
+    arrays["item"][0] = data
+    arrays["seed"][0] = -1 if seed is None else seed
+    return {"d": data}
+
+
+def place(arrays, layouts, additional, group):
+    return {
+        k: jnp.asarray(np.array(v, copy=True), dtype=layouts[k][2])
+        for k, v in arrays.items()
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Scenario definitions
+
+
+def G(n, batch_size, seed=0, shuffle_first=False, shuffle_later="default", base=0):
+    return {
+        "n": n,
+        "batch_size": batch_size,
+        "seed": seed,
+        "shuffle_first": shuffle_first,
+        "shuffle_later": shuffle_later,
+        "base": base,
+    }
+
+
+def S(
+    name,
+    training,
+    *,
+    validation=None,
+    start_at=(0, 0),
+    end_at=None,
+    interleave_groups=False,
+    depth=3,
+    loader_count=2,
+    fail_items=(),
+    max_batches=None,
+    defects=(),
+):
+    if isinstance(training, dict):
+        training = [training]
+    if validation is not None:
+        mode, interval, groups = validation
+        if isinstance(groups, dict):
+            groups = [groups]
+        validation = {"mode": mode, "interval": interval, "groups": list(groups)}
+    return {
+        "name": name,
+        "training": list(training),
+        "validation": validation,
+        "kwargs": {
+            "start_at": list(start_at),
+            "end_at": None if end_at is None else list(end_at),
+            "interleave_groups": interleave_groups,
+            "depth": depth,
+            "loader_count": loader_count,
+        },
+        "fail_items": list(fail_items),
+        "max_batches": max_batches,
+        "upstream_defects": sorted(defects),
+    }
+
+
+V0 = 500000  # base of the first validation group
+V1 = 600000  # base of the second validation group
+
+
+def scenarios():
+    out = []
+    ep3 = ("epoch", 3)
+
+    # Each shuffle_later mode x shuffle_first, seed 5. sf=False: 8 items bs 2;
+    # sf=True: 9 items bs 2 (a remainder item dropped each epoch).
+    for mode in ("default", "repeat", "reseed", "itemwise", "batchwise"):
+        out.append(S(f"mode_{mode}_sf0_n8_bs2", G(8, 2, 5, False, mode), end_at=ep3))
+        out.append(S(f"mode_{mode}_sf1_n9_bs2", G(9, 2, 5, True, mode), end_at=ep3))
+    # bs 3 with a remainder, both itemwise and batchwise
+    out.append(S("itemwise_sf0_n8_bs3", G(8, 3, 5, False, "itemwise"), end_at=ep3))
+    out.append(S("batchwise_sf1_n8_bs3", G(8, 3, 5, True, "batchwise"), end_at=ep3))
+
+    # Batch size clamp, dropped remainder
+    out.append(S("clamp_bs8_n5", G(5, 8, 1, False, "itemwise"), end_at=ep3))
+    out.append(S("clamp_bs8_n5_sf1_repeat", G(5, 8, 1, True, "repeat"), end_at=("epoch", 2)))
+    out.append(S("remainder_n11_bs4_batchwise", G(11, 4, 3, False, "batchwise"), end_at=ep3))
+
+    # start_at (8 items bs 2 -> bpe 4)
+    iw = G(8, 2, 5, False, "itemwise")
+    bw = G(8, 2, 5, False, "batchwise")
+    out.append(S("start_0_0_itemwise", iw, start_at=(0, 0), end_at=ep3))
+    out.append(S("start_1_1_itemwise", iw, start_at=(1, 1), end_at=ep3))
+    out.append(S("start_0_5_normalised_itemwise", iw, start_at=(0, 5), end_at=ep3))
+    out.append(S("start_2_0_itemwise", iw, start_at=(2, 0), end_at=ep3))
+    out.append(S("start_1_3_batchwise", bw, start_at=(1, 3), end_at=ep3))
+    out.append(S("start_2_0_batchwise", bw, start_at=(2, 0), end_at=ep3))
+    out.append(S("start_1_1_itemwise_sf1", G(8, 2, 5, True, "itemwise"), start_at=(1, 1), end_at=ep3))
+    out.append(S("start_2_0_itemwise_sf1_n9", G(9, 2, 5, True, "itemwise"), start_at=(2, 0), end_at=ep3))
+    out.append(S("start_1_2_batchwise_sf1", G(8, 2, 5, True, "batchwise"), start_at=(1, 2), end_at=ep3))
+    out.append(S("start_1_0_reseed_sf1", G(8, 2, 5, True, "reseed"), start_at=(1, 0), end_at=ep3))
+
+    # end_at variants
+    out.append(S("end_batch_7", iw, end_at=("batch", 7)))
+    out.append(S("end_batch_10_from_1_1", iw, start_at=(1, 1), end_at=("batch", 10)))
+    out.append(S("end_epoch_1", iw, end_at=("epoch", 1)))
+    out.append(S("end_none_max_batches_7", iw, end_at=None, max_batches=7))
+    out.append(S("end_never_max_batches_5", bw, end_at=("never", 0), max_batches=5))
+    out.append(
+        S("end_before_start_defect13", iw, start_at=(2, 0), end_at=("epoch", 1),
+          max_batches=6, defects=(13,))
+    )
+
+    # Validation
+    v5 = G(5, 2, 0, False, "default", V0)
+    v6sf = G(6, 3, 7, True, "default", V1)
+    out.append(S("val_epoch1_one_group", iw, validation=("epoch", 1, v5), end_at=ep3, defects=(1,)))
+    out.append(S("val_epoch2_one_group_single_run", iw, validation=("epoch", 2, v5), end_at=ep3))
+    out.append(
+        S("val_epoch2_two_groups", iw, validation=("epoch", 2, [v5, v6sf]), end_at=("epoch", 4),
+          defects=(1,))
+    )
+    out.append(S("val_batch3_one_group", iw, validation=("batch", 3, v5), end_at=("batch", 9), defects=(1,)))
+    out.append(
+        S("val_batch3_two_groups_single_run", iw, validation=("batch", 3, [v5, v6sf]),
+          end_at=("batch", 5))
+    )
+    out.append(
+        S("val_batch3_resume_0_3", iw, validation=("batch", 3, [v5, v6sf]), start_at=(0, 3),
+          end_at=("batch", 7), defects=(1,))
+    )
+    out.append(
+        S("val_batch3_resume_0_3_single_run", iw, validation=("batch", 3, v5), start_at=(0, 3),
+          end_at=("batch", 5))
+    )
+    out.append(
+        S("val_epoch1_resume_1_0", iw, validation=("epoch", 1, v5), start_at=(1, 0), end_at=ep3,
+          defects=(1,))
+    )
+    out.append(
+        S("val_epoch1_resume_1_0_single_run", iw, validation=("epoch", 1, [v5, v6sf]),
+          start_at=(1, 0), end_at=("epoch", 2))
+    )
+
+    # A shuffle_first validation group is only shuffled on resume (start epoch > 0) when its
+    # mode is not itemwise ("default" resolves to itemwise without a cache): compare with
+    # val_epoch1_resume_1_0_single_run, whose second validation group stays unshuffled.
+    out.append(
+        S("val_sf_repeat_resume_1_0", iw,
+          validation=("epoch", 1, [v5, G(6, 3, 7, True, "repeat", V1)]),
+          start_at=(1, 0), end_at=("epoch", 2))
+    )
+
+    # Multiple training groups
+    g0 = G(8, 2, 5, False, "itemwise", 0)
+    g1 = G(6, 3, 5, False, "repeat", 1000)
+    g2 = G(5, 1, 2, True, "batchwise", 2000)
+    out.append(S("two_groups_sequential", [g0, g1], end_at=("epoch", 2)))
+    out.append(S("three_groups_sequential", [g0, g1, g2], end_at=("epoch", 2)))
+    out.append(
+        S("two_groups_interleave_true_defect2", [g0, g1], interleave_groups=True,
+          end_at=("epoch", 2), defects=(2,))
+    )
+    out.append(S("two_groups_resume_1_5", [g0, g1], start_at=(1, 5), end_at=ep3))
+    out.append(
+        S("two_groups_with_validation", [g0, g1], validation=("epoch", 1, v5),
+          end_at=("epoch", 1))
+    )
+
+    # Failing items
+    out.append(S("fail_item_epoch0", iw, fail_items=(3,), end_at=("epoch", 1)))
+    out.append(S("fail_item_repeat_two_epochs", G(8, 2, 5, False, "repeat"), fail_items=(3,),
+                 end_at=("epoch", 2)))
+    out.append(
+        S("fail_validation_item", iw, validation=("epoch", 1, v5), fail_items=(V0 + 2,),
+          end_at=("epoch", 1))
+    )
+    out.append(S("fail_all_batches", G(2, 2, 0, False, "repeat"), fail_items=(0,), end_at=("epoch", 2)))
+
+    # depth / loader_count variations
+    out.append(S("depth2_loaders1", iw, depth=2, loader_count=1, end_at=("epoch", 2)))
+
+    # hydrax-api.md section 6 verified trace
+    out.append(
+        S("api_section6_trace", G(10, 3, 0, False, "default"),
+          validation=("epoch", 1, G(5, 2, 0, False, "default", V0)), end_at=ep3, defects=(1,))
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Running
+
+
+def make_group(hydrax, spec):
+    data = list(range(spec["base"], spec["base"] + spec["n"]))
+    return hydrax.DataGroup(
+        spec["batch_size"],
+        data,
+        loader_arrays={
+            "item": ((1,), NP_DTYPE, JNP_DTYPE),
+            "seed": ((1,), NP_DTYPE, JNP_DTYPE),
+        },
+        seed=spec["seed"],
+        shuffle_first=spec["shuffle_first"],
+        shuffle_later=spec["shuffle_later"],
+    )
+
+
+def _ints(xs):
+    return [int(x) for x in np.asarray(xs).reshape(-1)]
+
+
+def _index_of(groups, g):
+    for i, x in enumerate(groups):
+        if x is g:
+            return i
+    raise AssertionError("batch group not found")
+
+
+def run_scenario(hydrax, sc):
+    training = [make_group(hydrax, g) for g in sc["training"]]
+    validation_groups = []
+    validation = None
+    if sc["validation"] is not None:
+        validation_groups = [make_group(hydrax, g) for g in sc["validation"]["groups"]]
+        validation = (sc["validation"]["mode"], sc["validation"]["interval"], validation_groups)
+    kw = sc["kwargs"]
+    dl = hydrax.Dataloader(
+        loader,
+        training,
+        validation=validation,
+        depth=kw["depth"],
+        loader_count=kw["loader_count"],
+        start_at=tuple(kw["start_at"]),
+        end_at=None if kw["end_at"] is None else tuple(kw["end_at"]),
+        interleave_groups=kw["interleave_groups"],
+        deterministic=True,
+        timeout_sec=30,
+        startup_func=functools.partial(_set_fail_items, tuple(sc["fail_items"])),
+        placement_func=place,
+    )
+    batches = []
+    max_batches = sc["max_batches"]
+    with dl:
+        for batch in dl:
+            rec = {
+                "kind": "T" if batch.is_training else "V",
+                "group": _index_of(training if batch.is_training else validation_groups, batch.group),
+                "group_index": int(batch.group_index),
+                "indices": _ints(list(batch.indices)),
+                "items": _ints(batch.arrays["item"]),
+                "item_seeds": _ints(batch.arrays["seed"]),
+                "additional_d": [None if v is None else int(v) for v in batch.get_additional("d")],
+            }
+            if batch.is_training:
+                rec["epoch"] = int(batch.epoch)
+                rec["epoch_batch"] = int(batch.epoch_batch)
+                rec["batch_num"] = int(batch.batch_num)
+                rec["seed"] = int(batch.seed)
+                rec["seeds"] = _ints(list(batch.seeds))
+            else:
+                rec["validation_epoch"] = int(batch.validation_epoch)
+                rec["validation_epoch_batch"] = int(batch.validation_epoch_batch)
+                rec["validation_batch_num"] = int(batch.validation_batch_num)
+            batches.append(rec)
+            del batch
+            if max_batches is not None and len(batches) >= max_batches:
+                break
+    return {
+        "batches_per_epoch": int(dl.batches_per_epoch),
+        "batches_per_validation": int(dl.batches_per_validation),
+        "first_batch": int(dl.first_batch),
+        "last_batch": None if dl.last_batch is None else int(dl.last_batch),
+        "interrupted": bool(dl.interrupted),
+        "batches": batches,
+    }
+
+
+def main(argv):
+    import hydrax
+    from importlib.metadata import version
+
+    hv = version("hydrax")
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.abspath(hydrax.__file__).startswith(repo_root + os.sep):
+        print(f"refusing to record: imported hydrax from the repository ({hydrax.__file__}), "
+              "not the installed 0.2.2; run the script by path with the 0.2.2 venv's python",
+              file=sys.stderr)
+        return 2
+    print(f"[record] using hydrax {hv} from {hydrax.__file__}", file=sys.stderr)
+    if hv != "0.2.2":
+        print(f"warning: running against hydrax {hv}, not 0.2.2", file=sys.stderr)
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_path = argv[1]
+    only = set(argv[2:])
+    all_sc = scenarios()
+    names = [s["name"] for s in all_sc]
+    assert len(names) == len(set(names)), "duplicate scenario names"
+    unknown = only - set(names)
+    if unknown:
+        print(f"unknown scenarios: {sorted(unknown)}", file=sys.stderr)
+        return 2
+
+    recorded = []
+    failed = []
+    for sc in all_sc:
+        if only and sc["name"] not in only:
+            continue
+        print(f"[record] {sc['name']}", file=sys.stderr, flush=True)
+        try:
+            sc = dict(sc)
+            sc["result"] = run_scenario(hydrax, sc)
+        except BaseException as e:  # noqa: BLE001 - we report and exclude
+            if isinstance(e, (SystemExit,)):
+                raise
+            traceback.print_exc()
+            failed.append((sc["name"], f"{type(e).__name__}: {e}"))
+            continue
+        recorded.append(sc)
+
+    doc = {"hydrax_version": hv, "dtype": DTYPE, "scenarios": recorded}
+    with open(out_path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"[record] wrote {len(recorded)} scenarios to {out_path}", file=sys.stderr)
+    if failed:
+        print("[record] FAILED (excluded):", file=sys.stderr)
+        for name, why in failed:
+            print(f"  {name}: {why}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
