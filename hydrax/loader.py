@@ -26,7 +26,7 @@ from .group import DataGroup
 from .pipeline import End, Failure, Pipeline
 from .placement import TransferStats, collect_released_buffers
 from .schedule import Plan, iter_steps, normalise_start
-from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method
+from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method, warm_forkserver
 
 D = TypeVar("D")
 
@@ -199,6 +199,12 @@ class Dataloader(Generic[D]):
         self._previous_sigint: Any = None
         self._method: str | None = None
         self._stats = TransferStats()
+        if start_method() == "forkserver":
+            # It imports the main module (and the loader's) in the background until __enter__.
+            warm_forkserver(self._modules())
+
+    def _modules(self) -> list[str]:
+        return [getattr(f, "__module__", None) for f in (self._loader_func, self._startup_func)]
 
     # -- properties ------------------------------------------------------------------------------
     @property
@@ -272,14 +278,14 @@ class Dataloader(Generic[D]):
         slot_size = max(g.loader_size for g in groups)
         self._arena = Arena(self._depth, slot_size, self._loader_count)
         spec = self._arena.spec()
-        group_specs = [GroupSpec(g.data, p, dict(g.loader_layouts), i < len(self._training)) for i, (g, p) in enumerate(zip(groups, plans))]
+        group_specs = [GroupSpec.of(g, p, i < len(self._training)) for i, (g, p) in enumerate(zip(groups, plans))]
 
         def config_for(tasks, close_in_child):
             return WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, spec, tasks, close_in_child)
 
         self._method = start_method()
         try:
-            self._pool = WorkerPool(self._loader_count, config_for, self._method)
+            self._pool = WorkerPool(self._loader_count, config_for, self._method, self._modules())
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             if self._method != "forkserver":
                 raise
@@ -322,7 +328,7 @@ class Dataloader(Generic[D]):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-        if self._previous_sigint is not None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
 

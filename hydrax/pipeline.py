@@ -359,7 +359,15 @@ class Pipeline:
         else:
             how = what
         doing = self.describe_item(worker)
-        where = f"while loading {doing}" if doing else "while idle"
+        if doing:
+            where = f"while loading {doing}"
+        elif not self._arena.heartbeat(worker):
+            where = (
+                "during start-up (its traceback is above). Workers import the main module when JAX is "
+                "already initialised: keep the training code under `if __name__ == \"__main__\":`"
+            )
+        else:
+            where = "while idle"
         message = f"loader process {process.name} (pid {process.pid}) {how} {where}"
         print(f"[hydrax] loader process exited, aborting: {message}", flush=True)
         self.output.put(Failure(WorkerError(message)))

@@ -41,12 +41,21 @@ HEARTBEAT_PERIOD_US = 100_000
 
 @dataclass
 class GroupSpec:
-    """A group as a worker sees it: its data, plan and layouts; validation groups have no seeds."""
+    """A group as a worker sees it: its data, plan and array places; validation groups have no seeds.
+
+    ``arrays`` maps each name to ``(full_shape, numpy dtype, byte offset, count)``: no JAX types,
+    so a worker never has to import JAX.
+    """
 
     data: Sequence[Any]
     plan: GroupPlan
-    layouts: dict
+    arrays: dict
     training: bool
+
+    @classmethod
+    def of(cls, group, plan: GroupPlan, training: bool) -> GroupSpec:
+        arrays = {name: (shape, dtype, offset, count) for name, (shape, dtype, _jax, offset, count) in group.loader_layouts.items()}
+        return cls(group.data, plan, arrays, training)
 
 
 @dataclass
@@ -69,16 +78,46 @@ def jax_backend_live() -> bool:
 
 
 def start_method() -> str:
-    """``"fork"`` when that is safe here, else ``"forkserver"``."""
+    """``"fork"`` when that is safe here, else ``"forkserver"``.
+
+    The environment variable ``HYDRAX_START_METHOD`` (``fork`` or ``forkserver``) overrides the choice.
+    """
+    forced = os.environ.get("HYDRAX_START_METHOD", "")
+    if forced:
+        if forced not in ("fork", "forkserver"):
+            raise ValueError(f"HYDRAX_START_METHOD must be 'fork' or 'forkserver', got {forced!r}")
+        return forced
     return "forkserver" if jax_backend_live() else "fork"
 
 
-def context(method: str) -> mp.context.BaseContext:
-    """The multiprocessing context for ``method``; the forkserver preloads ``__main__``."""
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["__main__", "hydrax.workers"])
-    return ctx
+def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
+    """Start the fork server now (if it is not running), with the main module, hydrax and
+    ``modules`` imported in it.
+
+    Workers forked from it then start in milliseconds instead of importing the main module (and
+    whatever it imports, such as JAX) each. Modules named after the server has started are
+    imported by each worker instead. Cheap to call again: the server is started once per process.
+    """
+    from multiprocessing import forkserver, spawn
+
+    from ._forkserver import MAIN_ENV, MODULES_ENV, PATH_ENV
+
+    mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
+    data = spawn.get_preparation_data("hydrax")
+    if "init_main_from_path" in data:
+        target = "path:" + data["init_main_from_path"]
+    elif "init_main_from_name" in data:
+        target = "name:" + data["init_main_from_name"]
+    else:
+        target = ""
+    os.environ[MAIN_ENV] = target
+    os.environ[MODULES_ENV] = ",".join(m for m in modules if m and m != "__main__")
+    os.environ[PATH_ENV] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name in (MAIN_ENV, MODULES_ENV, PATH_ENV):
+            os.environ.pop(name, None)
 
 
 def _die_with_parent() -> None:
@@ -99,11 +138,11 @@ class _ItemViews:
 
     __slots__ = ("mappings", "views", "counts")
 
-    def __init__(self, memory: _core.ArenaMap, slot_offset: int, layouts: dict) -> None:
+    def __init__(self, memory: _core.ArenaMap, slot_offset: int, places: dict) -> None:
         arrays = []
-        for full_shape, dtype, _jax_dtype, offset, count in layouts.values():
+        for full_shape, dtype, offset, count in places.values():
             arrays.append(np.frombuffer(memory, dtype=dtype, count=count, offset=slot_offset + offset).reshape(full_shape))
-        names = list(layouts)
+        names = list(places)
         batch = arrays[0].shape[0]
         self.mappings = []
         self.views = []
@@ -158,7 +197,7 @@ class _Loop:
         key = (slot, group)
         views = self.views.get(key)
         if views is None:
-            views = _ItemViews(self.memory, self.config.arena.slot_offsets[slot], self.config.groups[group].layouts)
+            views = _ItemViews(self.memory, self.config.arena.slot_offsets[slot], self.config.groups[group].arrays)
             self.views[key] = views
         return views
 
@@ -232,9 +271,11 @@ def _check_result(result):
 class WorkerPool:
     """``count`` worker processes sharing one task pipe, each with its own completion pipe."""
 
-    def __init__(self, count: int, config_for: Callable[[FdHandle, tuple[int, ...]], WorkerConfig], method: str) -> None:
+    def __init__(self, count: int, config_for: Callable[[FdHandle, tuple[int, ...]], WorkerConfig], method: str, preload: Sequence[str] = ()) -> None:
         self.method = method
-        ctx = context(method)
+        if method == "forkserver":
+            warm_forkserver(preload)
+        ctx = mp.get_context(method)
         task_r, task_w = os.pipe()
         os.set_blocking(task_w, True)
         self._task_w: int | None = task_w

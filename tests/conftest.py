@@ -1,0 +1,89 @@
+"""Shared checks: every test must leave no processes and nothing in /dev/shm behind."""
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+
+def descendants(root: int | None = None) -> set[int]:
+    """Pids of every live process below ``root`` (default: this one), from /proc."""
+    root = os.getpid() if root is None else root
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def multiprocessing_servers() -> set[int]:
+    """The long-lived helpers multiprocessing keeps for the whole process (not leaks)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None), getattr(resource_tracker._resource_tracker, "_pid", None)}
+    return {p for p in pids if p}
+
+
+def stray_processes() -> set[int]:
+    servers = multiprocessing_servers()
+    return {p for p in descendants() if p not in servers}
+
+
+def held_elsewhere(names: set[str]) -> set[str]:
+    """The /dev/shm entries among ``names`` that processes outside this test run have open or mapped.
+
+    Other programs on a shared machine use /dev/shm too; only entries nobody else holds can be ours.
+    """
+    ours = descendants() | {os.getpid()}
+    held = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in ours:
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                maps = f.read()
+            fds = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        held |= {n for n in names if f"/dev/shm/{n}" in maps or f"/dev/shm/{n}" in fds}
+    return held
+
+
+def new_shm_entries(before: set[str]) -> set[str]:
+    new = set(os.listdir("/dev/shm")) - before
+    return new - held_elsewhere(new) if new else new
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    shm_before = set(os.listdir("/dev/shm"))
+    strays_before = stray_processes()
+    yield
+    deadline = time.monotonic() + 5
+    while (stray_processes() - strays_before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not mp.active_children(), "a test left multiprocessing children running"
+    assert stray_processes() - strays_before == set(), "a test left processes running"
+    if new_shm_entries(shm_before):
+        time.sleep(1.0)  # entries other programs create and remove moments later
+    assert new_shm_entries(shm_before) == set(), "a test left files in /dev/shm"
+
+
+def pytest_configure(config):
+    # Workers forked from the fork server only avoid importing the test modules (and JAX) when
+    # the server has them; a training script gets the same from its main module.
+    from hydrax.workers import warm_forkserver
+
+    warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py")])

@@ -1,0 +1,145 @@
+"""The Cython kernels: arena mapping, slot leases with export counting, heartbeat, item marks."""
+
+import ctypes
+import gc
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hydrax import _core
+
+
+@pytest.fixture
+def arena():
+    fd = os.memfd_create("hydrax-test", os.MFD_CLOEXEC)
+    os.ftruncate(fd, 1 << 16)
+    mapping = _core.ArenaMap(fd, 1 << 16)
+    os.close(fd)
+    return mapping
+
+
+def test_arena_is_page_aligned_shared_and_stays_mapped_while_viewed(arena):
+    assert arena.address % 4096 == 0 and arena.size == 1 << 16
+    view = np.frombuffer(arena, dtype=np.int64)
+    arena.write_int64(8, 42)
+    assert view[1] == 42
+    view[2] = 7
+    assert arena.read_int64(16) == 7
+    with pytest.raises(IndexError, match="outside the arena"):
+        arena.read_int64(1 << 16)
+    with pytest.raises(IndexError):
+        arena.write_int64(3, 1)
+
+
+def test_arena_memory_is_shared_with_a_child_process(arena):
+    pid = os.fork()
+    if pid == 0:
+        arena.write_int64(0, 1234)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert arena.read_int64(0) == 1234
+
+
+def test_bad_mapping_raises_oserror():
+    with pytest.raises(OSError):
+        _core.ArenaMap(-1, 4096)
+    with pytest.raises(ValueError):
+        _core.ArenaMap(0, 0)
+
+
+def test_lease_fires_once_when_sealed_and_unused(arena):
+    freed = []
+    lease = _core.SlotLease(arena, 3, 4096, 4096, freed.append)
+    a = np.frombuffer(lease, dtype=np.float32)
+    b = a[10:20]  # a view of a view holds the same export
+    assert lease.exports == 1
+    lease.seal()
+    assert freed == [] and not lease.released
+    del a
+    assert freed == []
+    del b
+    assert freed == [3] and lease.released
+    with pytest.raises(BufferError, match="recycled"):
+        np.frombuffer(lease, dtype=np.uint8)
+    lease.seal()
+    assert freed == [3]
+
+
+def test_lease_without_exports_fires_on_seal(arena):
+    freed = []
+    lease = _core.SlotLease(arena, 0, 0, 64, freed.append)
+    lease.seal()
+    assert freed == [0]
+
+
+def test_lease_points_at_its_slot(arena):
+    lease = _core.SlotLease(arena, 1, 8192, 128, None)
+    np.frombuffer(lease, dtype=np.int64)[0] = 99
+    assert arena.read_int64(8192) == 99
+    with pytest.raises(ValueError, match="outside the arena"):
+        _core.SlotLease(arena, 1, (1 << 16) - 64, 128, None)
+
+
+def test_release_on_another_thread_and_callback_errors_are_contained(arena, capfd):
+    freed = []
+    lease = _core.SlotLease(arena, 2, 0, 64, freed.append)
+    view = np.frombuffer(lease, dtype=np.uint8)
+    lease.seal()
+    holder = [view]
+    del view
+    t = threading.Thread(target=holder.clear)
+    t.start()
+    t.join()
+    assert freed == [2]
+
+    def boom(slot):
+        raise RuntimeError("callback failed")
+
+    lease = _core.SlotLease(arena, 5, 0, 64, boom)
+    lease.seal()  # must not raise
+    assert "error recycling batch slot 5" in capfd.readouterr().err
+
+
+def test_jax_array_pins_the_slot_until_it_is_collected(arena):
+    jax = pytest.importorskip("jax")
+    from hydrax.placement import collect_released_buffers
+
+    freed = []
+    lease = _core.SlotLease(arena, 0, 4096, 4096, freed.append)
+    view = np.frombuffer(lease, dtype=np.float32)
+    x = jax.device_put(view)
+    assert x.unsafe_buffer_pointer() == view.ctypes.data  # XLA:CPU aliases aligned memory
+    del view
+    lease.seal()
+    assert freed == []
+    del x
+    collect_released_buffers()
+    gc.collect()
+    assert freed == [0]
+
+
+def test_heartbeat_runs_while_another_thread_holds_the_gil(arena):
+    thread = threading.Thread(target=_core.heartbeat, args=(arena, 64, 10_000), daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    before = arena.read_int64(64)
+    assert before > 0
+    ctypes.PyDLL(None).usleep(300_000)  # PyDLL keeps the GIL held for the whole call
+    after = arena.read_int64(64)
+    assert after - before > 200_000_000
+    arena.write_int64(72, 1)
+    thread.join(1)
+    assert not thread.is_alive()
+
+
+def test_mark_item_records_task_position_and_time(arena):
+    now = _core.monotonic_ns()
+    _core.mark_item(arena, 128, 17, 5)
+    assert arena.read_int64(128) == 17 and arena.read_int64(136) == 5
+    assert 0 <= arena.read_int64(144) - now < 1_000_000_000
+    assert abs(_core.monotonic_ns() - time.monotonic_ns()) < 50_000_000
+    with pytest.raises(IndexError):
+        _core.mark_item(arena, (1 << 16) - 8, 1, 1)

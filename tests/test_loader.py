@@ -1,0 +1,431 @@
+"""Dataloader end to end, with real worker processes and real JAX."""
+
+import os
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hydrax
+from hydrax import BatchTimeoutError, Dataloader, DataGroup, TrainingBatch, ValidationBatch, is_worker
+from hydrax.schedule import batch_items, batch_seed, item_order, permutation
+
+ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32), "vec": ((3,), np.float32, jnp.float32)}
+
+
+def load(item, arrays, seed):
+    arrays["item"][...] = item
+    arrays["seed"][...] = -1 if seed is None else seed
+    arrays["vec"][:] = (item, item + 0.5, -item)
+    return {"even": item} if item % 2 == 0 else None
+
+
+def load_failing(item, arrays, seed):
+    if item == 5:
+        raise ValueError("planned failure")
+    return load(item, arrays, seed)
+
+
+def load_always_failing(item, arrays, seed):
+    raise ValueError("nothing loads")
+
+
+def load_slow(item, arrays, seed):
+    time.sleep(0.01)
+    return load(item, arrays, seed)
+
+
+def load_stuck(item, arrays, seed):
+    if item == 3:
+        time.sleep(120)
+    return load(item, arrays, seed)
+
+
+def load_trivial(item, arrays, seed):
+    arrays["x"][:] = seed
+
+
+STARTED = []
+
+
+def startup():
+    STARTED.append(os.getpid())
+
+
+def load_environment(item, arrays, seed):
+    load(item, arrays, seed)
+    try:
+        Dataloader(load, DataGroup(1, [0], loader_arrays=ARRAYS))
+        nested = "allowed"
+    except RuntimeError as exc:
+        nested = str(exc)
+    return {
+        "worker": is_worker(),
+        "nice": os.nice(0),
+        "started": list(STARTED),
+        "pid": os.getpid(),
+        "prealloc": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+        "nested": nested,
+    }
+
+
+def load_bad_return(item, arrays, seed):
+    load(item, arrays, seed)
+    return ["not", "a", "dict"] if item == 2 else None
+
+
+def run(loader_func=load, groups=None, keep=False, **kwargs):
+    """Every batch of a run as plain Python data (and the batches themselves with ``keep``)."""
+    groups = groups if groups is not None else DataGroup(4, range(10), loader_arrays=ARRAYS, seed=3)
+    kwargs.setdefault("loader_count", 2)
+    kwargs.setdefault("end_at", ("epoch", 3))
+    kwargs.setdefault("timeout_sec", 30)
+    out, kept = [], []
+    with Dataloader(loader_func, groups, **kwargs) as dl:
+        for batch in dl:
+            out.append(describe(batch))
+            if keep:
+                kept.append(batch)
+            del batch
+        interrupted = dl.interrupted
+    return (out, kept, interrupted) if keep else out
+
+
+def describe(batch):
+    common = (list(batch.indices), np.asarray(batch.arrays["item"]).tolist(), np.asarray(batch.arrays["seed"]).tolist())
+    if isinstance(batch, TrainingBatch):
+        return ("T", batch.batch_num, batch.epoch, batch.epoch_batch, batch.group_index, batch.seed, *common)
+    return ("V", batch.validation_epoch, batch.validation_epoch_batch, batch.validation_batch_num, batch.group_index, None, *common)
+
+
+# -- what comes out ------------------------------------------------------------------------------
+
+
+def test_batches_carry_the_scheduled_items_seeds_and_extras():
+    train = DataGroup(4, range(10), loader_arrays=ARRAYS, seed=3)
+    valid = DataGroup(2, range(100, 105), loader_arrays=ARRAYS, seed=9, shuffle_first=True)
+    seen = []
+    with Dataloader(load, train, validation=("epoch", 1, valid), end_at=("epoch", 3), loader_count=2) as dl:
+        assert (dl.batches_per_epoch, dl.batches_per_validation, dl.first_batch, dl.last_batch) == (2, 2, 0, 6)
+        for batch in dl:
+            items = np.asarray(batch.arrays["item"]).tolist()
+            if batch.is_training:
+                plan = train._plan()
+                assert list(batch.indices) == list(batch_items(item_order(plan, batch.epoch), 4, batch.group_index))
+                assert items == list(batch.indices)
+                assert batch.seed == batch_seed(plan, batch.epoch, batch.group_index) == 3 + batch.batch_num * 4
+                assert np.asarray(batch.arrays["seed"]).tolist() == list(batch.seeds)
+            else:
+                order = permutation(9, 5).tolist()
+                assert list(batch.indices) == order[batch.group_index * 2 : batch.group_index * 2 + 2]
+                assert items == [100 + i for i in batch.indices]
+                assert np.asarray(batch.arrays["seed"]).tolist() == [-1, -1]
+            np.testing.assert_array_equal(np.asarray(batch.arrays["vec"])[:, 1], np.array(items) + 0.5)
+            assert batch.get_additional("even") == [i if i % 2 == 0 else None for i in items]
+            seen.append("T" if batch.is_training else "V")
+            del batch
+    assert seen == ["T", "T", "V", "V"] * 3  # a full validation pass after every epoch
+    assert not dl.interrupted
+
+
+def test_batch_api():
+    group = DataGroup(4, [f"item-{i}" for i in range(8)], loader_arrays={"y": ((), np.float32, jnp.float32)}, shuffle_first=True)
+    with Dataloader(load_named, group, end_at=("batch", 1)) as dl:
+        batch = next(dl)
+        assert isinstance(batch, TrainingBatch) and isinstance(batch, hydrax.Batch) and not isinstance(batch, ValidationBatch)
+        assert batch.is_training and not batch.is_validation and len(batch) == 4
+        assert batch.group is group and batch.layouts is group.loader_layouts and batch.uncached
+        assert list(batch.data) == [group[i] for i in batch.indices] and len(batch.data) == 4
+        assert batch.data[-1] == batch.get_data(3) == group[batch.indices[3]]
+        assert batch.data[1:3] == [group[i] for i in batch.indices[1:3]]
+        assert all(isinstance(i, int) for i in batch.indices)
+        assert batch.get_array("y") is batch.arrays["y"] and batch.arrays["y"].shape == (4,)
+        np.testing.assert_array_equal(np.asarray(batch.arrays["y"]), [float(s.split("-")[1]) for s in batch.data])
+        assert batch.get_additional("name") == list(batch.data)
+        assert batch.get_additional("missing", default=0) == [0, 0, 0, 0]
+        assert batch.get_additional("missing", -4, default=7) == 7
+        with pytest.raises(IndexError, match="index 4 is invalid for batch size 4"):
+            batch.get_additional("missing", 4)
+        assert batch.get_additional("name", 2) == batch.data[2]
+        with pytest.raises(RuntimeError, match="cache layouts undefined"):
+            batch.cache({})
+        with pytest.raises(TypeError):
+            batch.arrays["z"] = 1
+        del batch
+
+
+def load_named(item, arrays, seed):
+    arrays["y"][...] = float(item.split("-")[1])  # a 0-d, writable view for item_shape ()
+    return {"name": item}
+
+
+def test_results_do_not_depend_on_workers_depth_or_delivery_order():
+    reference = run(loader_count=2, depth=3)
+    assert run(loader_count=1, depth=1) == reference
+    assert run(loader_count=5, depth=2) == reference
+    assert sorted(run(loader_count=3, depth=4, deterministic=False)) == sorted(reference)
+
+
+def test_resume_equals_the_tail_of_an_uninterrupted_run():
+    train = DataGroup(3, range(11), loader_arrays=ARRAYS, seed=8, shuffle_first=True, shuffle_later="batchwise")
+    full = run(groups=train, end_at=("epoch", 4))
+    for start in [(0, 2), (1, 0), (1, 3), (2, 2), (0, 7)]:
+        resumed = run(groups=train, start_at=start, end_at=("epoch", 4))
+        first = start[0] * 3 + start[1]
+        assert resumed == [b for b in full if b[1] >= first]
+
+
+def test_interleaved_groups_are_delivered_least_used_first():
+    a = DataGroup(2, range(8), loader_arrays=ARRAYS)
+    b = DataGroup(2, range(1000, 1004), loader_arrays=ARRAYS)
+    got = run(groups=[a, b], end_at=("epoch", 1))
+    assert [batch[7][0] >= 1000 for batch in got] == [False, True, False, False, True, False]
+    sequential = run(groups=[a, b], end_at=("epoch", 1), interleave_groups=False)
+    assert [batch[7][0] >= 1000 for batch in sequential] == [False] * 4 + [True] * 2
+
+
+def test_a_failed_item_drops_its_batch_and_leaves_a_gap():
+    group = DataGroup(4, range(10), loader_arrays=ARRAYS, seed=3)
+    got = run(load_failing, groups=group, end_at=("epoch", 3))
+    plan = group._plan()
+    holding_5 = {e * 2 + b for e in range(3) for b in range(2) if 5 in batch_items(item_order(plan, e), 4, b)}
+    assert holding_5 and len(holding_5) < 6
+    assert [b[1] for b in got] == [n for n in range(6) if n not in holding_5]
+
+
+def test_a_run_whose_batches_all_fail_simply_ends():
+    assert run(load_always_failing, end_at=("epoch", 2)) == []
+
+
+def test_a_bad_return_value_drops_the_batch():
+    got = run(load_bad_return, end_at=("epoch", 1))
+    assert [b[1] for b in got] == [1]  # batch 0 held item 2
+
+
+def test_placement_func_gets_the_host_arrays_and_its_result_is_checked():
+    calls = []
+
+    def place(arrays, layouts, additional, group):
+        calls.append((type(arrays).__name__, {k: (type(v).__name__, v.shape, v.flags.writeable) for k, v in arrays.items()}, dict(additional), group))
+        return {k: jnp.asarray(np.array(v), dtype=layouts[k][2]) * (2 if k == "vec" else 1) for k, v in arrays.items()}
+
+    group = DataGroup(4, range(8), loader_arrays=ARRAYS)
+    with Dataloader(load, group, end_at=("epoch", 1), placement_func=place) as dl:
+        batches = [(np.asarray(b.arrays["vec"])[:, 0].tolist(), list(b.indices)) for b in dl]
+    assert [v for v, _ in batches] == [[2.0 * i for i in idx] for _, idx in batches]
+    kind, arrays, additional, g = calls[0]
+    assert kind == "mappingproxy" and g is group
+    assert arrays["vec"] == ("ndarray", (4, 3), True)
+    assert additional == {"even": [0, None, 2, None]}
+
+    def place_missing(arrays, layouts, additional, group):
+        return {"item": jnp.zeros(4, jnp.int32)}
+
+    with Dataloader(load, group, end_at=("epoch", 1), placement_func=place_missing) as dl:
+        assert list(dl) == []  # "array 'seed' was not provided": every batch dropped
+
+
+# -- memory: zero copy, holding batches, no stalls --------------------------------------------------
+
+
+def test_cpu_batches_alias_aligned_slot_memory_when_a_slot_stays_free():
+    group = DataGroup(8, range(64), loader_arrays=ARRAYS)
+    with Dataloader(load, group, end_at=("epoch", 1), depth=3) as dl:
+        pointers = []
+        for batch in dl:
+            pointers.append(batch.arrays["vec"].unsafe_buffer_pointer())
+            del batch
+        stats = dl.transfer_stats
+    assert stats["aliased_batches"] > 0
+    assert stats["aliased_batches"] + stats["copied_batches"] == 8
+    assert all(p % 64 == 0 for p in pointers)
+    with Dataloader(load, group, end_at=("epoch", 1), zero_copy=False) as dl:
+        for batch in dl:
+            del batch
+        assert dl.transfer_stats["aliased_batches"] == 0 and dl.transfer_stats["copied_batches"] == 8
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_keeping_every_batch_never_stalls_and_never_corrupts(depth):
+    group = DataGroup(4, range(40), loader_arrays=ARRAYS, seed=1)
+    out, kept, _ = run(groups=group, depth=depth, end_at=("epoch", 3), keep=True, loader_count=2, timeout_sec=20)
+    assert len(kept) == 30
+    for described, batch in zip(out, kept):
+        assert describe(batch) == described  # memory under kept batches was never reused
+
+
+def test_a_trivial_job_runs_a_hundred_times_without_a_stall():
+    # hydrax 0.2.2 stalled in about half of the runs of this job (hydrax-api.md 10.3)
+    group = DataGroup(64, range(8192), loader_arrays={"x": ((1,), np.float32, jnp.float32)})
+    started = time.monotonic()
+    for attempt in range(100):
+        with Dataloader(load_trivial, group, end_at=("epoch", 1), loader_count=2, depth=4, timeout_sec=10) as dl:
+            count = sum(1 for _ in dl)
+        assert count == 128, f"run {attempt} delivered {count} batches"
+    assert time.monotonic() - started < 240
+
+
+# -- lifecycle -----------------------------------------------------------------------------------
+
+
+def test_lifecycle_errors():
+    dl = Dataloader(load, DataGroup(2, range(4), loader_arrays=ARRAYS), end_at=("epoch", 1))
+    with pytest.raises(RuntimeError, match="dataloader is not running"):
+        iter(dl)
+    with pytest.raises(RuntimeError, match="dataloader is not running"):
+        next(dl)
+    with pytest.raises(RuntimeError, match="dataloader is not set up"):
+        dl.interrupt()
+    with dl:
+        with pytest.raises(RuntimeError, match="dataloader is already set up"):
+            dl.__enter__()
+        assert len(list(dl)) == 2
+        with pytest.raises(RuntimeError, match="dataloader is not running"):
+            next(dl)
+    assert not dl.interrupted
+    with pytest.raises(RuntimeError, match="runs only once"):
+        with dl:
+            pass
+
+
+def test_interrupt_ends_the_iteration_after_the_current_batch():
+    with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS), loader_count=2) as dl:
+        numbers = []
+        for batch in dl:
+            numbers.append(batch.batch_num)
+            if batch.batch_num == 3:
+                dl.interrupt()
+            del batch
+        assert numbers == [0, 1, 2, 3] and dl.interrupted
+        with pytest.raises(RuntimeError, match="dataloader is not running"):
+            next(dl)
+
+
+def test_leaving_the_block_early_counts_as_interrupted():
+    with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS)) as dl:
+        for batch in dl:
+            break
+        del batch
+    assert dl.interrupted
+
+
+def test_an_exception_in_the_loop_shuts_everything_down(capfd):
+    with pytest.raises(ZeroDivisionError):
+        with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS), loader_count=2) as dl:
+            for batch in dl:
+                1 / 0
+    assert "[hydrax]: shutting down due to ZeroDivisionError" in capfd.readouterr().err
+
+
+def test_idle_time_counts_blocking_waits_only():
+    with Dataloader(load_slow, DataGroup(4, range(40), loader_arrays=ARRAYS), end_at=("epoch", 1), loader_count=1) as dl:
+        next(dl)
+        assert dl.idle_usec() == 0  # the first batch is not counted
+        for batch in dl:
+            del batch
+        idle = dl.idle_usec()
+        assert idle > 30_000  # nine batches of four 10 ms items, loaded by one worker
+        assert dl.idle_usec() == 0  # reset on read
+
+
+def test_a_stuck_item_times_out_with_a_message_naming_it():
+    started = time.monotonic()
+    with pytest.raises(BatchTimeoutError, match=r"no batches have been produced in 1 seconds(.|\n)*item 3 \(3\) of training group 0"):
+        with Dataloader(load_stuck, DataGroup(2, range(8), loader_arrays=ARRAYS, shuffle_later="repeat"), loader_count=1, timeout_sec=1) as dl:
+            for batch in dl:
+                del batch
+    assert time.monotonic() - started < 10
+
+
+def test_worker_environment():
+    group = DataGroup(2, range(4), loader_arrays=ARRAYS)
+    with Dataloader(load_environment, group, end_at=("epoch", 1), loader_count=2, loader_nice=3, startup_func=startup) as dl:
+        extras = [e for b in dl for e in b.additional["worker"] and b.get_additional("pid")]
+        assert not is_worker()
+    with Dataloader(load_environment, group, end_at=("epoch", 1), loader_count=1, loader_nice=3, startup_func=startup) as dl:
+        batch = next(dl)
+        assert batch.get_additional("worker") == [True, True]
+        assert batch.get_additional("nested", 0) == "Dataloader cannot run in a worker process."
+        assert batch.get_additional("prealloc", 0) == "false"
+        assert batch.get_additional("nice", 0) >= os.nice(0) + 3 or batch.get_additional("nice", 0) == 19
+        pid = batch.get_additional("pid", 0)
+        assert batch.get_additional("started", 0) == [pid]  # startup_func ran once, in that worker
+        del batch
+    assert len(set(extras)) >= 1
+
+
+def test_more_loaders_than_slots_is_fine():
+    assert len(run(loader_count=4, depth=1, end_at=("epoch", 1))) == 2
+
+
+# -- arguments -----------------------------------------------------------------------------------
+
+GROUP = DataGroup(2, range(4), loader_arrays=ARRAYS)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"training": [GROUP, "x"]}, TypeError, "data of type str is not in a hydrax.DataGroup"),
+        ({"training": []}, ValueError, "training needs at least one DataGroup"),
+        ({"validation": ("step", 1, GROUP)}, ValueError, "validation mode must be 'epoch' or 'batch'"),
+        ({"validation": ("epoch", 0, GROUP)}, ValueError, "validation interval must be at least 1"),
+        ({"validation": ("epoch", 1)}, TypeError, r"validation must be a tuple \(mode, interval, groups\)"),
+        ({"loader_count": 0}, ValueError, "loaders are required, cannot provision none"),
+        ({"depth": 0}, ValueError, "depth must be at least 1"),
+        ({"depth": 2.0}, TypeError, "depth must be an int"),
+        ({"start_at": (0, -1)}, ValueError, "start_at must not be negative"),
+        ({"start_at": 3}, TypeError, r"start_at must be \(epoch, batch\)"),
+        ({"end_at": ("step", 3)}, ValueError, "end_at endpoint must be 'never', 'epoch', or 'batch'"),
+        ({"loader_func": None}, TypeError, "loader_func must be callable"),
+        ({"placement_func": 3}, TypeError, "placement_func must be callable or None"),
+        ({"zero_copy": "yes"}, TypeError, "zero_copy must be None, True or False"),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(kwargs, error, message):
+    args = {"loader_func": load, "training": GROUP, **kwargs}
+    with pytest.raises(error, match=message):
+        Dataloader(args.pop("loader_func"), args.pop("training"), **args)
+
+
+def test_properties_and_normalisation():
+    dl = Dataloader(load, [GROUP, DataGroup(1, range(3), loader_arrays=ARRAYS)], start_at=(0, 7), end_at=("epoch", 4))
+    assert dl.batches_per_epoch == 5 and dl.first_batch == 7 and dl.last_batch == 20
+    assert dl.deterministic and not dl.interrupted and dl.batches_per_validation == 0
+    assert Dataloader(load, GROUP, end_at=("never", 0)).last_batch is None
+    assert Dataloader(load, GROUP, end_at=("batch", 9)).last_batch == 9
+    assert not Dataloader(load, GROUP, deterministic=False).deterministic
+
+
+def test_subclassing_warns_but_works():
+    class Mine(Dataloader):
+        pass
+
+    with pytest.warns(SyntaxWarning, match="Mine derives from hydrax.Dataloader. This is not supported."):
+        dl = Mine(load, GROUP, end_at=("epoch", 1))
+    with dl:
+        assert len(list(dl)) == 2
+
+
+def test_no_file_descriptors_leak_across_runs():
+    run(end_at=("epoch", 1))
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        run(end_at=("epoch", 1))
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_debug_batch_references_names_the_holder(capsys):
+    group = DataGroup(2, range(8), loader_arrays=ARRAYS)
+    with Dataloader(load, group, end_at=("epoch", 1), depth=3) as dl:
+        held = [b for b in dl]
+        aliased = dl.transfer_stats["aliased_batches"]
+        hydrax.debug_batch_references()
+        del held
+    err = capsys.readouterr().err
+    if aliased:
+        assert "[hydrax] remaining references to batch slot" in err
