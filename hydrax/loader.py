@@ -353,6 +353,9 @@ class Dataloader(Generic[D]):
     def __next__(self) -> Batch[D]:
         if not self._running:
             raise RuntimeError("dataloader is not running")
+        if self._abort:
+            self._fail()
+            raise KeyboardInterrupt
         output = self._pipeline.output
         collect_released_buffers()  # the batch the loop just dropped frees its slot now
         try:

@@ -1,0 +1,301 @@
+"""Faults, in real subprocesses: dead and frozen workers, Ctrl+C, a killed parent, start methods."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+HEADER = """
+import json, os, signal, sys, time
+import multiprocessing as mp
+import numpy as np
+import jax, jax.numpy as jnp
+from hydrax import Dataloader, DataGroup, WorkerError
+
+def say(*args):
+    print(*args, flush=True)
+
+def group(n=400, bs=4):
+    return DataGroup(bs, range(n), loader_arrays={"x": ((), np.int32, jnp.int32)}, shuffle_later="repeat")
+
+def worker_pids():
+    return sorted(p.pid for p in mp.active_children() if p.name.startswith("hydrax-loader"))
+"""
+
+
+def script(tmp_path, body: str, name="script.py"):
+    path = tmp_path / name
+    path.write_text(HEADER + textwrap.dedent(body))
+    return path
+
+
+def run_script(path, timeout=60, **kwargs):
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids, seconds=3.0):
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [p for p in pids if alive(p)]
+
+
+def read_until(process, prefix: str, timeout=30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line.startswith(prefix):
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"no {prefix!r} line; stderr:\n{process.stderr.read()}")
+
+
+@pytest.mark.parametrize("warm_jax", [False, True], ids=["fork", "forkserver"])
+def test_a_killed_worker_is_named_with_its_item_within_a_second(tmp_path, warm_jax):
+    path = script(tmp_path, f"""
+    def load(item, arrays, seed):
+        if item >= 40:
+            time.sleep(0.2)
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        if {warm_jax}:
+            jnp.ones(1).block_until_ready()
+        with Dataloader(load, group(), loader_count=2, end_at=("epoch", 1)) as dl:
+            say("METHOD", dl.start_method)
+            try:
+                for i, batch in enumerate(dl):
+                    if i == 10:
+                        time.sleep(0.3)
+                        pids = worker_pids()
+                        say("PIDS", json.dumps(pids))
+                        os.kill(pids[0], signal.SIGKILL)
+                        killed = time.monotonic()
+                    del batch
+            except WorkerError as exc:
+                say("ERROR", round(time.monotonic() - killed, 3), exc)
+                assert isinstance(exc, KeyboardInterrupt)
+    """)
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["METHOD"] == ("forkserver" if warm_jax else "fork")
+    elapsed, message = lines["ERROR"].split(" ", 1)
+    assert float(elapsed) < 1.0
+    assert "loader process hydrax-loader-0" in message and "was killed by SIGKILL" in message
+    assert "while loading item" in message and "of training group 0" in message
+    assert "[hydrax] loader process exited, aborting" in result.stdout + result.stderr
+    assert "[hydrax]: dataloader failed" in result.stderr
+    assert wait_gone(json.loads(lines["PIDS"])) == []
+
+
+def test_a_frozen_worker_is_noticed_within_a_second_and_a_half(tmp_path):
+    path = script(tmp_path, """
+    def load(item, arrays, seed):
+        time.sleep(0.01)
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        with Dataloader(load, group(4000), loader_count=2, end_at=("epoch", 1)) as dl:
+            try:
+                for i, batch in enumerate(dl):
+                    if i == 5:
+                        pids = worker_pids()
+                        say("PIDS", json.dumps(pids))
+                        os.kill(pids[1], signal.SIGSTOP)
+                        stopped = time.monotonic()
+                    del batch
+            except WorkerError as exc:
+                say("ERROR", round(time.monotonic() - stopped, 3), exc)
+    """)
+    result = run_script(path)
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    elapsed, message = lines["ERROR"].split(" ", 1)
+    assert float(elapsed) < 1.5, message
+    assert "hydrax-loader-1" in message and "stopped responding" in message
+    assert wait_gone(json.loads(lines["PIDS"])) == []
+
+
+SIGINT_SCRIPT = """
+def load(item, arrays, seed):
+    arrays["x"][...] = item
+
+if __name__ == "__main__":
+    status = "none"
+    try:
+        with Dataloader(load, group(), loader_count=2) as dl:
+            for batch in dl:
+                if batch.batch_num == 2:
+                    say("PIDS", json.dumps(worker_pids()))
+                    say("READY")
+                time.sleep(0.3)  # a training step
+                del batch
+            status = f"ended interrupted={dl.interrupted}"
+    except KeyboardInterrupt:
+        status = "KeyboardInterrupt"
+    say("STATUS", status)
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2, 3])
+def test_ctrl_c_interrupts_then_aborts_then_terminates(tmp_path, presses):
+    path = script(tmp_path, SIGINT_SCRIPT)
+    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = json.loads(read_until(process, "PIDS").split(" ", 1)[1])
+        read_until(process, "READY")
+        for _ in range(presses):
+            os.killpg(process.pid, signal.SIGINT)  # the whole group, as a terminal does
+            time.sleep(0.1)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    if presses == 1:
+        assert process.returncode == 0, err
+        assert "STATUS ended interrupted=True" in out
+        assert "[hydrax] KeyboardInterrupt: interrupting, repeat to abort" in err
+    elif presses == 2:
+        assert "STATUS KeyboardInterrupt" in out
+        assert "[hydrax] KeyboardInterrupt: aborting, repeat to terminate" in err
+    else:
+        assert process.returncode == 1 and "STATUS" not in out
+        assert "[hydrax] KeyboardInterrupt: terminating" in err
+    assert wait_gone(pids) == []
+
+
+@pytest.mark.parametrize("warm_jax", [False, True], ids=["fork", "forkserver"])
+def test_workers_die_with_a_sigkilled_parent(tmp_path, warm_jax):
+    path = script(tmp_path, f"""
+    def load(item, arrays, seed):
+        time.sleep(0.005)
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        if {warm_jax}:
+            jnp.ones(1).block_until_ready()
+        with Dataloader(load, group(), loader_count=2) as dl:
+            for batch in dl:
+                if batch.batch_num == 3:
+                    say("PIDS", json.dumps(worker_pids()))
+                time.sleep(0.05)
+                del batch
+    """)
+    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = json.loads(read_until(process, "PIDS").split(" ", 1)[1])
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    process.kill()
+    process.wait()
+    assert wait_gone(pids) == []
+
+
+def test_fork_path_reports_loader_errors_and_dangling_references(tmp_path):
+    path = script(tmp_path, """
+    KEPT = []
+
+    def load(item, arrays, seed):
+        if item == 5:
+            raise ValueError("bad item five")
+        if item == 9:
+            KEPT.append(arrays["x"])
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        with Dataloader(load, group(16), loader_count=2, end_at=("epoch", 1)) as dl:
+            say("METHOD", dl.start_method)
+            say("BATCHES", [b.batch_num for b in dl])
+    """)
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    assert "METHOD fork" in result.stdout and "BATCHES [0, 2, 3]" in result.stdout
+    assert "[hydrax] exception while loading data item: 5" in result.stderr
+    assert "ValueError: bad item five" in result.stderr
+    assert "RuntimeWarning: loader memory has dangling reference" in result.stderr
+    assert result.stderr.count("RuntimeWarning: loader memory has dangling reference") == 1  # not for the item that raised
+
+
+def test_forkserver_runs_a_loader_defined_in_main_and_explains_unpicklable_ones(tmp_path):
+    path = script(tmp_path, """
+    def load(item, arrays, seed):
+        arrays["x"][...] = item * 2
+
+    if __name__ == "__main__":
+        jnp.ones(1).block_until_ready()  # a live JAX backend: fork is no longer safe
+        started = time.monotonic()
+        with Dataloader(load, group(16), loader_count=2, end_at=("epoch", 1)) as dl:
+            say("METHOD", dl.start_method)
+            say("ITEMS", [int(v) for b in dl for v in b.arrays["x"]])
+        try:
+            Dataloader(lambda item, arrays, seed: None, group(16), end_at=("epoch", 1)).__enter__()
+        except TypeError as exc:
+            say("LAMBDA", exc)
+    """)
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    assert "METHOD forkserver" in result.stdout
+    assert "ITEMS " + str([2 * i for i in range(16)]) in result.stdout
+    assert "LAMBDA cannot send loader_func" in result.stdout and "module-level functions" in result.stdout
+
+
+def test_a_missing_main_guard_is_explained(tmp_path):
+    path = tmp_path / "unguarded.py"
+    path.write_text(HEADER + textwrap.dedent("""
+    def load(item, arrays, seed):
+        arrays["x"][...] = item
+
+    jnp.ones(1).block_until_ready()
+    try:
+        with Dataloader(load, group(16), loader_count=1, end_at=("epoch", 1)) as dl:
+            for batch in dl:
+                pass
+    except WorkerError as exc:
+        say("ERROR", exc)
+    """))
+    result = run_script(path)
+    assert "during start-up" in result.stdout and '__name__ == "__main__"' in result.stdout, result.stdout + result.stderr
+
+
+def test_nothing_is_left_in_dev_shm_or_the_process_table_after_any_ending(tmp_path):
+    path = script(tmp_path, """
+    def load(item, arrays, seed):
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        jnp.ones(1).block_until_ready()
+        pids = []
+        for ending in ("natural", "break", "exception"):
+            try:
+                with Dataloader(load, group(64), loader_count=2, end_at=("epoch", 2)) as dl:
+                    for batch in dl:
+                        pids += worker_pids()
+                        if ending == "break":
+                            break
+                        if ending == "exception":
+                            raise RuntimeError("user error")
+            except RuntimeError:
+                pass
+        say("PIDS", json.dumps(sorted(set(pids))))
+        say("SHM", json.dumps(sorted(os.listdir("/dev/shm"))))
+    """)
+    before = set(os.listdir("/dev/shm"))
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert set(json.loads(lines["SHM"])) <= before | set(os.listdir("/dev/shm"))
+    assert not any("hydrax" in name for name in json.loads(lines["SHM"]))
+    assert wait_gone(json.loads(lines["PIDS"])) == []
+    assert "resource_tracker" not in result.stderr  # no leaked-segment warnings at exit
