@@ -32,6 +32,7 @@ from .workers import WorkerPool
 HEARTBEAT_STALE_S = 0.9
 _POLL_S = 0.1
 _PINNED_POLL_S = 0.005
+_HEALTH_CHECK_S = 0.2
 
 
 class End:
@@ -123,17 +124,21 @@ class Pipeline:
         self._wake()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
-        for fd in (self._wake_r, self._wake_w):
+        fds = (self._wake_r, self._wake_w)
+        self._wake_r = self._wake_w = -1  # before closing, so a late release never writes to a reused fd
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._wake_r = self._wake_w = -1
 
     def _wake(self) -> None:
+        fd = self._wake_w
+        if fd < 0:
+            return
         try:
-            os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
+            os.write(fd, b"\0")
+        except OSError:
             pass
 
     def _slot_released(self, slot: int) -> None:
@@ -157,7 +162,7 @@ class Pipeline:
         sentinels = {p.sentinel: i for i, p in enumerate(self._pool.processes)}
         connections = {c: i for i, c in enumerate(self._pool.connections)}
         waitables = [*connections, *sentinels, self._wake_r]
-        next_health_check = 0.0
+        next_health_check = last_health_check = time.monotonic()
         while not self._stopping.is_set():
             self._fill()
             if self._exhausted and not self._inflight:
@@ -185,8 +190,11 @@ class Pipeline:
                     return
             now = time.monotonic()
             if now >= next_health_check:
-                next_health_check = now + 0.2
-                frozen = self._frozen_worker()
+                # If this thread was itself held up (a paused VM, a stalled host), stale heartbeats
+                # prove nothing about the workers: judge only after a check that came on time.
+                on_time = now - last_health_check < _HEALTH_CHECK_S + 0.3
+                next_health_check, last_health_check = now + _HEALTH_CHECK_S, now
+                frozen = self._frozen_worker() if on_time else None
                 if frozen is not None:
                     self._fail_worker(frozen, "stopped responding (no heartbeat for over a second)")
                     return

@@ -34,6 +34,7 @@ def test_arena_is_page_aligned_shared_and_stays_mapped_while_viewed(arena):
         arena.write_int64(3, 1)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork")
 def test_arena_memory_is_shared_with_a_child_process(arena):
     pid = os.fork()
     if pid == 0:

@@ -16,9 +16,10 @@ Two workloads, each with the same per-item function for both loaders:
 Each workload runs under:
 
 ``Pool``
-    ``multiprocessing.Pool(processes)`` (fork), ``imap`` over the item list with a chunksize, the
-    parent copying each returned array into a preallocated batch-sized numpy array (the Pool's
-    best case: no allocation per batch, no JAX placement).
+    ``multiprocessing.Pool(processes)`` (fork), ``imap`` over the item list with a chunksize (256
+    for trivial items, 16 for JPEGs with 2 processes; ``--chunksize``), the parent copying each
+    returned array into a preallocated batch-sized numpy array (the Pool's best case: no
+    allocation per batch, no JAX placement).
 ``hydrax``
     ``Dataloader(load, DataGroup(batch, items, ...), loader_count=processes)``; the consumer calls
     ``jax.block_until_ready`` on the batch's array and then ``del batch``, as a training loop
@@ -26,13 +27,16 @@ Each workload runs under:
     (workers start by ``fork``), and after ``jnp.ones(1).block_until_ready()`` (a realistic
     training script, JAX already initialised; workers start from a ``forkserver``). The start
     method is read from ``Dataloader.start_method`` and printed.
+``Pool, results discarded`` (the work-only ceiling; ``--no-ceiling`` skips it)
+    The same Pool, but the workers do the work and send nothing back: what these processes can
+    do at most on this machine right now. Printed under the table, with hydrax as a fraction of it.
 ``hydrax 0.2.2`` (only with ``--hydrax022 PYTHON``)
     The original hydrax 0.2.2, run by the given interpreter (a venv with hydrax==0.2.2, numpy,
     jax and Pillow), with a copying ``placement_func`` (its default aliases shared memory on the
     CPU backend and can stall). It starts its workers with ``spawn``.
 
 Every measurement runs in a fresh subprocess, and runs are interleaved (Pool, hydrax, hydrax
-after JAX, [0.2.2], Pool, ...) ``--repeat`` times; the table shows medians, because the machine
+after JAX, [0.2.2], ceiling, Pool, ...) ``--repeat`` times; the table shows medians, because the machine
 may be shared and noisy. Per run:
 
 * **first batch / first result**: seconds from just before ``with Dataloader(...)`` (or
@@ -82,10 +86,17 @@ SOURCE_SIZE = 320
 JPEG_QUALITY = 90
 
 WORKLOADS = {
-    # name: array name, item shape, numpy dtype, batch size, Pool chunksize
+    # name: array name, item shape, numpy dtype, batch size, Pool chunksize (None: see pool_chunksize)
     "trivial": ("x", (16,), "float32", 256, 256),
-    "jpeg": ("image", (CROP, CROP, 3), "uint8", 64, 4),
+    "jpeg": ("image", (CROP, CROP, 3), "uint8", 64, None),
 }
+
+
+def pool_chunksize(workload: str, processes: int) -> int:
+    """The Pool's default chunksize: one batch for trivial items (cheap items need big chunks),
+    half a batch's share per process for JPEGs (16 for 2 processes: the best measured here)."""
+    _, _, _, batch_size, fixed = WORKLOADS[workload]
+    return fixed or max(1, batch_size // (2 * processes))
 
 
 # -- per-item functions (module level: picklable, importable by spawned/forkserver workers) ------
@@ -119,7 +130,18 @@ def place_copy(arrays, layouts, additional, group):
     return {k: jnp.asarray(np.array(v, copy=True), dtype=layouts[k][2]) for k, v in arrays.items()}
 
 
+def trivial_discard(value: int) -> None:
+    """Pool ceiling of the trivial workload: the work, but nothing sent back."""
+    trivial_item(value)
+
+
+def jpeg_discard(path: str) -> None:
+    """Pool ceiling of the JPEG workload: the decode, but nothing sent back."""
+    jpeg_decode(path)
+
+
 POOL_FUNCS = {"trivial": trivial_item, "jpeg": jpeg_decode}
+DISCARD_FUNCS = {"trivial": trivial_discard, "jpeg": jpeg_discard}
 LOAD_FUNCS = {"trivial": trivial_load, "jpeg": jpeg_load}
 
 
@@ -209,7 +231,8 @@ def _items(spec: dict) -> list:
 
 def run_pool(spec: dict) -> dict:
     name, shape, dtype, batch_size, _ = WORKLOADS[spec["workload"]]
-    func = POOL_FUNCS[spec["workload"]]
+    discard = spec["impl"] == "pool-discard"
+    func = (DISCARD_FUNCS if discard else POOL_FUNCS)[spec["workload"]]
     items = _items(spec)
     batch = np.empty((batch_size, *shape), dtype)
     clock = Clock(0.0, spec["warmup"], spec["seconds"])
@@ -220,7 +243,9 @@ def run_pool(spec: dict) -> dict:
         going = True
         while going:
             for k in range(batch_size):
-                batch[k] = next(results)
+                result = next(results)
+                if not discard:
+                    batch[k] = result
                 if first_result is None:
                     first_result = time.perf_counter() - clock.t0
             going = clock.batch_done(batch_size)
@@ -228,6 +253,15 @@ def run_pool(spec: dict) -> dict:
     out = clock.result()
     out.update(first_result_s=first_result, shutdown_s=time.perf_counter() - exit_started, start_method="fork")
     return out
+
+
+def _version(module) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("hydrax")
+    except Exception:
+        return getattr(module, "__version__", "?")
 
 
 def run_hydrax(spec: dict) -> dict:
@@ -257,7 +291,7 @@ def run_hydrax(spec: dict) -> dict:
         shutdown_s=time.perf_counter() - exit_started,
         start_method=method,
         transfer_stats=stats,
-        hydrax_version=getattr(hydrax, "__version__", "0.2.2?"),
+        hydrax_version=_version(hydrax),
         hydrax_file=hydrax.__file__,
         completed=not going,
     )
@@ -271,7 +305,7 @@ def child_main(spec: dict) -> None:
         faulthandler.dump_traceback_later(spec["watchdog_s"], exit=True)  # a hang reports where it hangs
     if spec["jax"] == "initialised":
         jnp.ones(1).block_until_ready()
-    run = run_pool if spec["impl"] == "pool" else run_hydrax
+    run = run_pool if spec["impl"].startswith("pool") else run_hydrax
     out = run(spec)
     out["backend"] = jax.default_backend()
     print(RESULT_TAG + json.dumps(out), flush=True)
@@ -326,13 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=None, help="seconds after the first batch before counting (default 0.5, --quick 0.2)")
     parser.add_argument("--workloads", default="trivial,jpeg", help="comma-separated: trivial, jpeg (default both)")
     parser.add_argument("--depth", type=int, default=3, help="hydrax depth (batch slots; default 3, hydrax's default)")
-    parser.add_argument("--chunksize", type=int, default=None, help="Pool imap chunksize (default: 256 trivial, 4 jpeg)")
+    parser.add_argument("--chunksize", type=int, default=None, help="Pool imap chunksize (default: 256 trivial, batch/(2*processes) = 16 jpeg)")
     parser.add_argument("--jpeg-count", type=int, default=2048, help="generated JPEG files (default 2048)")
     parser.add_argument("--trivial-items", type=int, default=256 * 64, help="items in the trivial data set (default 16384)")
     parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hydrax-bench",
                         help="where the generated JPEGs are kept (default ~/.cache/hydrax-bench)")
     parser.add_argument("--hydrax022", metavar="PYTHON", help="also run hydrax 0.2.2 with this interpreter (a venv with hydrax==0.2.2 and Pillow)")
     parser.add_argument("--no-jax-initialised", action="store_true", help="skip the hydrax runs made after a JAX computation")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the Pool runs that discard results (the work-only ceiling)")
     parser.add_argument("--details", action="store_true", help="print every run, not only the medians")
     parser.add_argument("--quick", action="store_true", help="short run: 1 repeat, 1 s counted per run")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a single run is abandoned (default 120)")
@@ -357,11 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple, list[dict]] = {}
     for workload in workloads:
         base = dict(workload=workload, processes=args.processes, seconds=seconds, warmup=warmup, depth=args.depth,
-                    chunksize=args.chunksize or WORKLOADS[workload][4], trivial_items=args.trivial_items,
+                    chunksize=args.chunksize or pool_chunksize(workload, args.processes), trivial_items=args.trivial_items,
                     jpeg_count=args.jpeg_count, jpeg_dir=None, watchdog_s=max(10.0, args.timeout - 5))
         if workload == "jpeg":
             base["jpeg_dir"] = str(jpeg_folder(args.cache_dir, args.jpeg_count, 0, max(1, os.cpu_count() or 1)))
-        plan = [("pool", "imported", "Pool")] + rows
+        plan = [("pool", "imported", "Pool")] + rows + ([] if args.no_ceiling else [("pool-discard", "imported", "Pool, results discarded")])
         for r in range(repeat):
             for impl, jax_state, _label in plan:
                 python = args.hydrax022 if impl == "hydrax022" else sys.executable
@@ -412,6 +447,17 @@ def main(argv: list[str] | None = None) -> int:
     print("hydrax transfer_stats (batches handed to JAX without a copy vs copied):")
     for line in notes:
         print("  " + line)
+    if not args.no_ceiling:
+        print("\nwork-only ceiling (same Pool, workers send nothing back), median items/s: " + ", ".join(
+            f"{w} {fmt(median(results[(w, 'pool-discard', 'imported')], 'items_per_s'), ',.0f')}" for w in workloads))
+        for w in workloads:
+            ceiling = median(results[(w, "pool-discard", "imported")], "items_per_s")
+            parts = []
+            for impl, jax_state, label in rows:
+                rate = median([r for r in results[(w, impl, jax_state)] if "error" not in r], "items_per_s")
+                if rate and ceiling:
+                    parts.append(f"{label} ({'imported' if jax_state == 'imported' else 'computed'}) {rate / ceiling:.2f}")
+            print(f"  {w}: hydrax / ceiling: " + ", ".join(parts))
     print("\nPool first full batch (s), median: " + ", ".join(
         f"{w} {fmt(median(results[(w, 'pool', 'imported')], 'first_batch_s'), '.3f')}" for w in workloads))
     tested = sorted({(r.get("hydrax_version"), r.get("hydrax_file"), r.get("backend")) for runs in results.values() for r in runs if r.get("hydrax_file")})
