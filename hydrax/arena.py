@@ -153,8 +153,8 @@ class Arena:
         base = worker * STATUS_STRIDE + ITEM_WORDS
         return tuple(self.map.read_int64(base + 8 * i) for i in range(3))  # type: ignore[return-value]
 
-    def stop_heartbeats(self, workers: int) -> None:
-        """Tell the workers' heartbeat threads to end."""
+    def stop_workers(self, workers: int) -> None:
+        """Tell the workers to take no further task (and their heartbeat threads to end)."""
         for w in range(workers):
             self.map.write_int64(w * STATUS_STRIDE + STOP_WORD, 1)
 

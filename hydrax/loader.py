@@ -23,7 +23,7 @@ from .arena import Arena
 from .batch import Batch
 from .errors import BatchTimeoutError
 from .group import DataGroup
-from .pipeline import End, Failure, Pipeline
+from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
 from .schedule import Plan, iter_steps, normalise_start
 from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method, warm_forkserver
@@ -323,6 +323,8 @@ class Dataloader(Generic[D]):
         if self._pipeline is not None:
             self._pipeline.stop()
         if self._pool is not None:
+            if self._arena is not None:
+                self._arena.stop_workers(len(self._pool.processes))  # queued tasks are skipped
             self._pool.close(grace=0.5)
             self._pool = None
         if self._arena is not None:
@@ -353,25 +355,30 @@ class Dataloader(Generic[D]):
     def __next__(self) -> Batch[D]:
         if not self._running:
             raise RuntimeError("dataloader is not running")
-        if self._abort:
-            self._fail()
-            raise KeyboardInterrupt
         output = self._pipeline.output
         collect_released_buffers()  # the batch the loop just dropped frees its slot now
-        try:
-            item = output.get_nowait()
-        except queue.Empty:
-            item = self._wait(output)
-        if isinstance(item, End):
-            self._running = False
-            raise StopIteration
-        if isinstance(item, Failure):
-            self._fail()
-            raise item.error
-        if self._interrupted:
-            self._end_interrupted()
-        self._first = False
-        return item
+        while True:
+            if self._abort:
+                self._fail()
+                raise KeyboardInterrupt
+            try:
+                item = output.get_nowait()
+            except queue.Empty:
+                item = self._wait(output)
+            if isinstance(item, End):
+                self._running = False
+                raise StopIteration
+            if isinstance(item, Failure):
+                self._fail()
+                raise item.error
+            if self._interrupted:
+                self._end_interrupted()
+            if isinstance(item, Ready):
+                item = self._pipeline.place(item)
+                if item is None:
+                    continue  # placement failed: the batch is dropped, as in 0.2.2
+            self._first = False
+            return item
 
     def _wait(self, output: queue.SimpleQueue) -> Any:
         started = time.monotonic_ns()

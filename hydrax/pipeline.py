@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import queue
+import selectors
 import signal
+import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .errors import WorkerError
-from .placement import TransferStats, collect_released_buffers, place
+from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
 from .schedule import GroupPlan, Step, TrainingStep, batch_items, batch_seed, item_order, validation_item_order
 from .workers import WorkerPool
 
@@ -44,6 +45,18 @@ class Failure:
     """Queued when the run cannot go on; ``__next__`` raises ``error``."""
 
     error: BaseException
+
+
+@dataclass
+class Ready:
+    """A finished slot whose placement waits for ``__next__`` (default placement on the CPU backend).
+
+    Placing there, rather than ahead on the pipeline thread, lets the slot become the
+    ``jax.Array`` itself whenever the loop has released its previous batches, because the
+    decision is taken when the batch is handed out.
+    """
+
+    record: _InFlight
 
 
 @dataclass
@@ -100,7 +113,7 @@ class Pipeline:
         self._zero_copy = zero_copy
         self._inflight: dict[int, _InFlight] = {}
         self._task_batch: dict[int, int] = {}
-        self._finished: dict[int, Batch | None] = {}
+        self._finished: dict[int, Batch | Ready | None] = {}
         self._next_seq = 0
         self._deliver_seq = 0
         self._task_id = 0
@@ -112,6 +125,7 @@ class Pipeline:
         os.set_blocking(self._wake_w, False)
         arena.on_release = self._slot_released
         self._cpu = True
+        self.lazy = False
         self.thread = threading.Thread(target=self._run, name="hydrax-pipeline", daemon=True)
 
     # -- control -----------------------------------------------------------------------------
@@ -151,17 +165,23 @@ class Pipeline:
             import jax
 
             self._cpu = jax.default_backend() == "cpu"
-            if self._zero_copy is None:
-                self._zero_copy = True
+            self._zero_copy = self._zero_copy is not False
+            self.lazy = self._cpu and self._placement_func is None
             self._loop()
         except BaseException as exc:  # never die silently: the training loop must hear of it
             traceback.print_exc()
             self.output.put(Failure(RuntimeError(f"hydrax pipeline thread failed: {exc!r}")))
 
     def _loop(self) -> None:
-        sentinels = {p.sentinel: i for i, p in enumerate(self._pool.processes)}
-        connections = {c: i for i, c in enumerate(self._pool.connections)}
-        waitables = [*connections, *sentinels, self._wake_r]
+        with selectors.DefaultSelector() as selector:
+            for i, connection in enumerate(self._pool.connections):
+                selector.register(connection, selectors.EVENT_READ, ("completion", i))
+            for i, process in enumerate(self._pool.processes):
+                selector.register(process.sentinel, selectors.EVENT_READ, ("exit", i))
+            selector.register(self._wake_r, selectors.EVENT_READ, ("wake", -1))
+            self._serve(selector)
+
+    def _serve(self, selector: selectors.BaseSelector) -> None:
         next_health_check = last_health_check = time.monotonic()
         while not self._stopping.is_set():
             self._fill()
@@ -173,18 +193,19 @@ class Pipeline:
                 # Slots held only by dead jax.Arrays come back once XLA collects; keep asking.
                 collect_released_buffers()
                 timeout = _PINNED_POLL_S
-            for ready in wait(waitables, timeout=timeout):
-                if ready is self._wake_r:
+            for key, _events in selector.select(timeout):
+                kind, worker = key.data
+                if kind == "wake":
                     try:
                         while os.read(self._wake_r, 512):
                             pass
                     except BlockingIOError:
                         pass
-                elif ready in connections:
-                    if not self._receive(ready, connections[ready]):
+                elif kind == "completion":
+                    if not self._receive(key.fileobj, worker):
                         return
-                elif ready in sentinels:
-                    self._fail_worker(sentinels[ready], "exited")
+                else:
+                    self._fail_worker(worker, "exited")
                     return
                 if self._stopping.is_set():
                     return
@@ -254,11 +275,13 @@ class Pipeline:
         return True
 
     def _finish(self, record: _InFlight) -> None:
-        batch = None
+        batch: Batch | Ready | None = None
         if record.error is not None:
             self._arena.free_now(record.slot)
+        elif self.lazy:
+            batch = Ready(record)
         else:
-            batch = self._place(record)
+            batch = self.place(record)
         if not self._deterministic:
             if batch is not None:
                 self.output.put(batch)
@@ -270,7 +293,12 @@ class Pipeline:
             if ready is not None:
                 self.output.put(ready)
 
-    def _place(self, record: _InFlight) -> Batch | None:
+    def place(self, item: _InFlight | Ready) -> Batch | None:
+        """Turn a finished slot into a Batch (None: placement failed and the batch is dropped).
+
+        Runs on the pipeline thread, or on the thread calling ``__next__`` for a :class:`Ready`.
+        """
+        record = item.record if isinstance(item, Ready) else item
         group = self._groups[record.group]
         plan = self._plans[record.group]
         layouts = group.loader_layouts
@@ -279,30 +307,32 @@ class Pipeline:
             for key, value in extras.items():
                 additional.setdefault(key, [None] * plan.batch_size)[position] = value
         lease = self._arena.lease(record.slot)
-        may_alias = bool(self._zero_copy) and self._cpu and len(self._pinned) < self._arena.depth - 1
         try:
             views = {
                 name: np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
                 for name, (shape, dtype, _jax, offset, count) in layouts.items()
             }
             try:
-                arrays = place(self._placement_func, views, layouts, additional, group, may_alias)
+                if self._placement_func is None:
+                    # Alias only while another slot stays free for loading: a loop that keeps
+                    # batches then costs copies instead of stalling the loaders.
+                    may_alias = self._zero_copy and len(self._pinned) < self._arena.depth - 1
+                    arrays, aliased = default_placement(views, layouts, self._cpu, may_alias)
+                    path = "aliased" if aliased else "copied"
+                else:
+                    arrays = custom_placement(self._placement_func, views, layouts, additional, group)
+                    path = "custom"
             finally:
                 del views
         except Exception:
-            print(f"[hydrax] exception while placing batch {record.step}:")
+            print(f"[hydrax] exception while placing batch {record.step}:", file=sys.stderr)
             traceback.print_exc()
             lease.seal()
             return None
         lease.seal()
         if not lease.released:
             self._pinned.add(record.slot)
-        if self._cpu and lease.exports:
-            self.stats.aliased_batches += 1
-            self.stats.aliased_bytes += group.loader_size
-        else:
-            self.stats.copied_batches += 1
-            self.stats.copied_bytes += group.loader_size
+        self.stats.count(path, group.loader_size)
         step = record.step
         if isinstance(step, TrainingStep):
             return TrainingBatch(

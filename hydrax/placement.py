@@ -25,12 +25,23 @@ PlacementFunc = Callable[..., dict]
 
 @dataclass
 class TransferStats:
-    """How batches reached JAX in a run: counts of batches and bytes, by path."""
+    """How batches reached JAX in a run, by path: counts of batches and of bytes.
+
+    ``aliased``: the slot itself became the ``jax.Array`` (CPU backend, no copy at all).
+    ``copied``: one copy into memory XLA owns (host memory on CPU, device memory otherwise).
+    ``custom``: placed by the user's ``placement_func``.
+    """
 
     aliased_batches: int = 0
     copied_batches: int = 0
+    custom_batches: int = 0
     aliased_bytes: int = 0
     copied_bytes: int = 0
+    custom_bytes: int = 0
+
+    def count(self, path: str, nbytes: int) -> None:
+        setattr(self, f"{path}_batches", getattr(self, f"{path}_batches") + 1)
+        setattr(self, f"{path}_bytes", getattr(self, f"{path}_bytes") + nbytes)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -66,22 +77,27 @@ def aligned_copy(view: np.ndarray, dtype: Any) -> np.ndarray:
     return out
 
 
-def default_placement(views: dict[str, np.ndarray], layouts, may_alias: bool) -> dict[str, Any]:
-    """``jax.Array`` s for ``views`` on the default device.
+def default_placement(views: dict[str, np.ndarray], layouts, cpu: bool, may_alias: bool) -> tuple[dict[str, Any], bool]:
+    """``jax.Array`` s for ``views`` on the default device, and whether any aliases the slot.
 
-    With ``may_alias`` (CPU backend) and matching dtypes the slot memory itself becomes the
-    array; otherwise the data is copied once, so the slot is free as soon as this returns.
+    On the CPU backend, with ``may_alias`` and matching dtypes, the slot memory itself becomes the
+    array; otherwise the data is copied once (into aligned host memory that XLA then adopts, or
+    straight to the device), and the slot is free once XLA no longer reads it.
     """
     import jax
 
     out = {}
+    aliased = False
     for name, view in views.items():
         jax_dtype = layouts[name][2]
-        if may_alias and view.dtype == jax_dtype:
+        if view.dtype == jax_dtype and (may_alias or not cpu):
             out[name] = jax.device_put(view)
-        else:
+            aliased |= cpu
+        elif cpu:
             out[name] = jax.device_put(aligned_copy(view, jax_dtype))
-    return out
+        else:
+            out[name] = jax.device_put(view.astype(jax_dtype))
+    return out, aliased
 
 
 def check_placed(result: Any, layouts) -> None:
@@ -105,10 +121,8 @@ def check_placed(result: Any, layouts) -> None:
             raise ValueError(f"array '{name}' from placement_func has dtype {value.dtype}, expected {jax_dtype}")
 
 
-def place(placement_func: PlacementFunc | None, views: dict[str, np.ndarray], layouts, additional, group, may_alias: bool) -> dict[str, Any]:
-    """Run the user's ``placement_func`` (checked) or the default placement."""
-    if placement_func is None:
-        return default_placement(views, layouts, may_alias)
+def custom_placement(placement_func: PlacementFunc, views: dict[str, np.ndarray], layouts, additional, group) -> dict[str, Any]:
+    """Run the user's ``placement_func`` and check what it returns."""
     result = placement_func(MappingProxyType(views), layouts, MappingProxyType(additional), group)
     if __debug__:
         check_placed(result, layouts)

@@ -30,12 +30,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import _core
-from .arena import ArenaSpec, FdHandle, ITEM_WORDS
+from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle
 from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation_item_order
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
-STOP_TASK = -1
 HEARTBEAT_PERIOD_US = 100_000
 
 
@@ -181,14 +180,15 @@ def worker_main(config: WorkerConfig, index: int, completions) -> None:
             print(f"[hydrax] loader_nice={config.loader_nice} not applied: {exc}", file=sys.stderr)
     if config.startup_func is not None:
         config.startup_func()
-    _Loop(config, memory, status + ITEM_WORDS, completions).run()
+    _Loop(config, memory, status, completions).run()
 
 
 class _Loop:
     def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, completions) -> None:
         self.config = config
         self.memory = memory
-        self.status = status
+        self.status = status + ITEM_WORDS
+        self.stop = status + STOP_WORD
         self.completions = completions
         self.views: dict[tuple[int, int], _ItemViews] = {}
         self.orders: dict[tuple[int, int], Any] = {}
@@ -220,9 +220,12 @@ class _Loop:
             if len(message) != TASK.size:
                 return  # the parent closed the pipe (or died)
             task = TASK.unpack(message)
-            if task[0] == STOP_TASK:
+            if self.memory.read_int64(self.stop):
                 return
-            self.completions.send(self.load(*task))
+            try:
+                self.completions.send(self.load(*task))
+            except (BrokenPipeError, EOFError, OSError):
+                return  # the parent stopped listening: the run is over
 
     def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
         spec = self.config.groups[group]
