@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The accelerator-machine check (one run, about 6 minutes): build the extension for that machine's
+# Python, run the loader tests on the GPU backend, then the GPU transfer benchmark and the loader
+# benchmark at 15 processes (hydrax 0.2.2 alongside when its wheel is in .whl/). Results go to $OUT.
+set -u
+OUT=${OUT:-/tmp/hydrax-device}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false
+{ python3 --version; nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; } 2>&1 | tee "$OUT/machine.txt"
+python3 setup.py -q build_ext --inplace > "$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+timeout 150 python3 -m pytest tests/test_loader.py tests/test_compat.py tests/test_faults.py -q -x -p no:cacheprovider \
+  -k "not alias and not debug_batch and not test_info" 2>&1 | tail -15 | tee "$OUT/tests.txt"
+timeout 90 python3 tools/bench_gpu.py --batch 256 --workers 8 --seconds 5 2>&1 | tee "$OUT/gpu.txt"
+timeout 50 python3 tools/bench_gpu.py --batch 256 --workers 15 --depth 8 --seconds 5 2>&1 | tail -5 | tee -a "$OUT/gpu.txt"
+extra=()
+if ls .whl/hydrax-0.2.2-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site022 .whl/hydrax-0.2.2-*.whl
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/site022 exec python3 "$@"\n' > /tmp/py022 && chmod +x /tmp/py022
+  extra=(--hydrax022 /tmp/py022)
+fi
+timeout 200 python3 tools/bench_loader.py --processes 15 --repeat 1 --seconds 2 "${extra[@]}" 2>&1 | tee "$OUT/loader15.txt"
