@@ -9,6 +9,7 @@ the main module's path. It also imports the modules that hold the loader functio
 import importlib
 import os
 import sys
+import types
 from multiprocessing import process, spawn
 
 MAIN_ENV = "HYDRAX_FORKSERVER_MAIN"
@@ -29,10 +30,23 @@ def _preload() -> None:
             spawn.import_main_path(target)
         elif kind == "name":
             spawn._fixup_main_from_name(target)
-    except BaseException:  # a worker then imports it itself, and reports any error properly
-        pass
+    except BaseException as exc:
+        print(f"[hydrax] the loader fork server could not import the main module {target!r}: {exc!r}", file=sys.stderr)
+        if kind == "path":
+            # Leave an empty stand-in, so workers fail fast with a clear error instead of
+            # importing it again after the fork (which hangs if its top level initialised CUDA).
+            stand_in = types.ModuleType("__mp_main__")
+            stand_in.__file__ = target
+            sys.modules["__main__"] = sys.modules["__mp_main__"] = stand_in
     finally:
         del current._inheriting
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        print(
+            f"[hydrax] warning: importing {target!r} initialises a JAX backend, so loader workers are forked "
+            "from a process with live XLA threads; move JAX computations under `if __name__ == \"__main__\":`",
+            file=sys.stderr,
+        )
     for name in ["hydrax.workers", *modules]:
         try:
             importlib.import_module(name)
