@@ -18,6 +18,8 @@ PATH_ENV = "HYDRAX_FORKSERVER_SYS_PATH"
 
 
 def _preload() -> None:
+    if MAIN_ENV not in os.environ:
+        return  # imported by the parent for the names above, not by the fork server
     kind, _, target = os.environ.pop(MAIN_ENV, "").partition(":")
     modules = [m for m in os.environ.pop(MODULES_ENV, "").split(",") if m]
     path = os.environ.pop(PATH_ENV, "")
