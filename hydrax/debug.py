@@ -9,6 +9,7 @@ import types
 from . import _core
 
 _MAX_DEPTH = 12
+_MAX_NODES = 60  # each step scans every object the collector tracks: keep the tree small
 
 
 def _describe(obj: object) -> str:
@@ -23,19 +24,32 @@ def _describe(obj: object) -> str:
     return text
 
 
+def _bookkeeping(obj: object) -> bool:
+    # hydrax's own table of leases refers to every slot; it is never the reason one is busy
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, _core.SlotLease) for v in obj.values())
+
+
 def _print_referrers(obj: object, depth: int, seen: set[int], ignore: set[int], out) -> None:
-    if depth > _MAX_DEPTH:
+    if depth > _MAX_DEPTH or len(seen) > _MAX_NODES:
         return
-    for referrer in gc.get_referrers(obj):
-        if id(referrer) in ignore or isinstance(referrer, types.FrameType):
+    referrers = gc.get_referrers(obj)
+    ignore.add(id(referrers))  # this very list refers to what it holds: not part of the answer
+    shown = 0
+    for referrer in referrers:
+        if id(referrer) in ignore or isinstance(referrer, types.FrameType) or _bookkeeping(referrer):
             continue
+        shown += 1
         indent = "  " * depth
         if id(referrer) in seen:
             print(f"{indent}⮤ {_describe(referrer)} ...", file=out)
             continue
         seen.add(id(referrer))
         print(f"{indent}⮤ {_describe(referrer)}", file=out)
+        if isinstance(referrer, dict) and "__name__" in referrer and "__builtins__" in referrer:
+            continue  # a module's globals: the name above is the answer
         _print_referrers(referrer, depth + 1, seen, ignore, out)
+    if not shown and isinstance(obj, memoryview):
+        print(f"{'  ' * depth}⮤ (held outside Python objects, e.g. by a jax.Array that aliases this memory)", file=out)
 
 
 def debug_batch_references(file=None) -> None:
