@@ -49,18 +49,17 @@ def _rebuild_fd(dup) -> FdHandle:
 
 
 class ArenaSpec:
-    """What a worker needs to map the arena: the fd, the size and where things are."""
+    """What a worker needs to know of the arena, besides its fd: the size and where things are."""
 
-    def __init__(self, fd: FdHandle, size: int, slot_offsets: list[int], status_offset: int) -> None:
-        self.fd = fd
+    def __init__(self, size: int, slot_offsets: list[int], status_offset: int) -> None:
         self.size = size
         self.slot_offsets = slot_offsets
         self.status_offset = status_offset
 
-    def map(self) -> _core.ArenaMap:
-        """Map the arena in this process (the fd is closed afterwards; the mapping stays)."""
-        mapping = _core.ArenaMap(self.fd.fd, self.size)
-        os.close(self.fd.fd)
+    def map(self, fd: FdHandle) -> _core.ArenaMap:
+        """Map the arena from ``fd`` in this process (the fd is closed afterwards; the mapping stays)."""
+        mapping = _core.ArenaMap(fd.fd, self.size)
+        os.close(fd.fd)
         return mapping
 
     def worker_status(self, worker: int) -> int:
@@ -98,10 +97,14 @@ class Arena:
         self._closed = False
 
     def spec(self) -> ArenaSpec:
-        """The picklable description workers map the arena from."""
+        """The picklable description of the arena's layout."""
+        return ArenaSpec(self.size, self.slot_offsets, 0)
+
+    def handle(self) -> FdHandle:
+        """The arena's memfd, in a form that reaches worker processes."""
         if self._fd is None:
             raise RuntimeError("the arena's file descriptor is already closed")
-        return ArenaSpec(FdHandle(self._fd), self.size, self.slot_offsets, 0)
+        return FdHandle(self._fd)
 
     def close_fd(self) -> None:
         """Close the memfd once every worker has its own mapping; the memory lives on."""

@@ -277,15 +277,12 @@ class Dataloader(Generic[D]):
         plans = list(self._plan.training + self._plan.validation)
         slot_size = max(g.loader_size for g in groups)
         self._arena = Arena(self._depth, slot_size, self._loader_count)
-        spec = self._arena.spec()
         group_specs = [GroupSpec.of(g, p, i < len(self._training)) for i, (g, p) in enumerate(zip(groups, plans))]
-
-        def config_for(tasks, close_in_child):
-            return WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, spec, tasks, close_in_child)
+        config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec())
 
         self._method = start_method()
         try:
-            self._pool = WorkerPool(self._loader_count, config_for, self._method, self._modules())
+            self._pool = WorkerPool(self._loader_count, config, self._arena.handle(), self._method, self._modules())
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             if self._method != "forkserver":
                 raise
@@ -295,6 +292,8 @@ class Dataloader(Generic[D]):
                 "picklable: use module-level functions, or create the Dataloader before the first JAX computation"
             ) from exc
         self._arena.close_fd()
+        # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
+        # and never more task records than the task pipe holds.
         chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
         self._pipeline = Pipeline(
             iter_steps(self._plan), groups, plans, len(self._training), self._arena, self._pool,

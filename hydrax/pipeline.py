@@ -34,6 +34,7 @@ HEARTBEAT_STALE_S = 0.9
 _POLL_S = 0.1
 _PINNED_POLL_S = 0.005
 _HEALTH_CHECK_S = 0.2
+_TASK_NS = 2_000_000  # aim for tasks of about 2 ms of loading
 
 
 class End:
@@ -109,10 +110,11 @@ class Pipeline:
         self._pool = pool
         self._placement_func = placement_func
         self._deterministic = deterministic
-        self._chunks = chunks_per_batch
+        self._max_chunks = chunks_per_batch
+        self._item_ns: float | None = None  # a running mean of the time one item takes to load
         self._zero_copy = zero_copy
         self._inflight: dict[int, _InFlight] = {}
-        self._task_batch: dict[int, int] = {}
+        self._task_batch: dict[int, tuple[int, int, int]] = {}  # task -> (batch seq, first, end position)
         self._finished: dict[int, Batch | Ready | None] = {}
         self._next_seq = 0
         self._deliver_seq = 0
@@ -245,20 +247,34 @@ class Pipeline:
         plan = self._plans[group]
         seq = self._next_seq
         self._next_seq += 1
-        bounds = chunk_bounds(plan.batch_size, self._chunks)
+        bounds = chunk_bounds(plan.batch_size, self._chunk_count(plan.batch_size))
         record = _InFlight(seq, step, group, slot, batch_items(order, plan.batch_size, step.group_index), len(bounds))
         self._inflight[seq] = record
         for first, end in bounds:
             self._task_id += 1
-            self._task_batch[self._task_id] = (seq, first)
+            self._task_batch[self._task_id] = (seq, first, end)
             self._pool.submit(self._task_id, slot, group, epoch, step.group_index, first, end)
+
+    def _chunk_count(self, batch_size: int) -> int:
+        """How many tasks to split a batch into.
+
+        Until item costs are known, as many as allowed (about two per worker: the first batch
+        is spread over every worker). Then tasks of about ``_TASK_NS`` each, so that cheap items
+        are not drowned in per-task messages and costly ones still spread over the workers.
+        """
+        if self._item_ns is None:
+            return self._max_chunks
+        return max(1, min(self._max_chunks, round(batch_size * self._item_ns / _TASK_NS)))
 
     def _receive(self, connection, worker: int) -> bool:
         try:
             while connection.poll():
-                task, ok, extras, error = connection.recv()
-                seq, first = self._task_batch.pop(task)
+                task, ok, extras, error, elapsed = connection.recv()
+                seq, first, end = self._task_batch.pop(task)
                 record = self._inflight[seq]
+                if ok:
+                    sample = elapsed / (end - first)
+                    self._item_ns = sample if self._item_ns is None else 0.8 * self._item_ns + 0.2 * sample
                 record.remaining -= 1
                 if not ok and record.error is None:
                     record.error = error
@@ -325,7 +341,7 @@ class Pipeline:
             finally:
                 del views
         except Exception:
-            print(f"[hydrax] exception while placing batch {record.step}:", file=sys.stderr)
+            print(f"[hydrax] exception while placing a batch of group {record.group}:", file=sys.stderr)
             traceback.print_exc()
             lease.seal()
             return None
@@ -358,7 +374,7 @@ class Pipeline:
     def describe_item(self, worker: int) -> str | None:
         """What worker ``worker`` is loading, in words, or None when it is idle."""
         task, position, started = self._arena.current_item(worker)
-        seq, _first = self._task_batch.get(task, (None, 0))
+        seq, _first, _end = self._task_batch.get(task, (None, 0, 0))
         record = self._inflight.get(seq) if seq is not None else None
         if record is None or position < 0:
             return None
@@ -372,7 +388,12 @@ class Pipeline:
         if len(item) > 200:
             item = item[:197] + "..."
         seconds = (time.monotonic_ns() - started) / 1e9
-        return f"item {index} ({item}) of {kind} group {group}, position {position} of batch {record.step}, for {seconds:.1f} s"
+        step = record.step
+        if isinstance(step, TrainingStep):
+            batch = f"batch {step.batch_num} (epoch {step.epoch})"
+        else:
+            batch = f"validation batch {step.validation_batch_num} (run {step.validation_epoch})"
+        return f"item {index} ({item}) of {kind} group {group}, position {position} of {batch}, for {seconds:.1f} s"
 
     def describe_workers(self) -> str:
         """One line per worker: alive or not, and what it is loading."""

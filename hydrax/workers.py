@@ -17,10 +17,12 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -66,8 +68,6 @@ class WorkerConfig:
     loader_nice: int
     groups: list[GroupSpec]
     arena: ArenaSpec
-    tasks: FdHandle
-    close_in_child: tuple[int, ...]  # fork only: the parent's ends of our pipes
 
 
 def jax_backend_live() -> bool:
@@ -160,17 +160,24 @@ def _refcounts(views: tuple) -> list[int]:
     return [sys.getrefcount(v) for v in views]
 
 
-def worker_main(config: WorkerConfig, index: int, completions) -> None:
-    """Body of worker process ``index``: load tasks until the task pipe closes."""
+def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions) -> None:
+    """Body of worker process ``index``: load tasks until the task pipe closes.
+
+    ``config`` arrives pickled once for all workers when they start from the fork server (a large
+    dataset is then pickled once, not once per worker); ``close`` lists the parent's ends of our
+    pipes, which a forked worker inherits.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    for fd in config.close_in_child:
+    for fd in close:
         try:
             os.close(fd)
         except OSError:
             pass
+    if isinstance(config, bytes):
+        config = pickle.loads(config)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    memory = config.arena.map()
+    memory = config.arena.map(arena)
     status = config.arena.worker_status(index)
     threading.Thread(target=_core.heartbeat, args=(memory, status, HEARTBEAT_PERIOD_US), name="hydrax-heartbeat", daemon=True).start()
     if config.loader_nice:
@@ -180,12 +187,13 @@ def worker_main(config: WorkerConfig, index: int, completions) -> None:
             print(f"[hydrax] loader_nice={config.loader_nice} not applied: {exc}", file=sys.stderr)
     if config.startup_func is not None:
         config.startup_func()
-    _Loop(config, memory, status, completions).run()
+    _Loop(config, memory, status, tasks.fd, completions).run()
 
 
 class _Loop:
-    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, completions) -> None:
+    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions) -> None:
         self.config = config
+        self.tasks = tasks
         self.memory = memory
         self.status = status + ITEM_WORDS
         self.stop = status + STOP_WORD
@@ -211,7 +219,7 @@ class _Loop:
         return self.orders[key]
 
     def run(self) -> None:
-        fd = self.config.tasks.fd
+        fd = self.tasks
         while True:
             try:
                 message = os.read(fd, TASK.size)
@@ -236,6 +244,7 @@ class _Loop:
         loader = self.config.loader_func
         data = spec.data
         memory, status = self.memory, self.status
+        started = time.perf_counter_ns()
         extras: list | None = None
         for k in range(first, end):
             _core.mark_item(memory, status, task, k)
@@ -249,7 +258,7 @@ class _Loop:
                 traceback.print_exc()
                 _clean_traceback(exc)
                 _core.mark_item(memory, status, 0, -1)
-                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})")
+                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})", 0)
             if views.dangling(k):
                 warnings.warn("loader memory has dangling reference", RuntimeWarning)
                 del self.views[(slot, group)]
@@ -259,7 +268,7 @@ class _Loop:
                     extras = [None] * (end - first)
                 extras[k - first] = result
         _core.mark_item(memory, status, 0, -1)
-        return (task, True, extras, None)
+        return (task, True, extras, None, time.perf_counter_ns() - started)
 
 
 def _check_result(result):
@@ -274,7 +283,7 @@ def _check_result(result):
 class WorkerPool:
     """``count`` worker processes sharing one task pipe, each with its own completion pipe."""
 
-    def __init__(self, count: int, config_for: Callable[[FdHandle, tuple[int, ...]], WorkerConfig], method: str, preload: Sequence[str] = ()) -> None:
+    def __init__(self, count: int, config: WorkerConfig, arena: FdHandle, method: str, preload: Sequence[str] = ()) -> None:
         self.method = method
         if method == "forkserver":
             warm_forkserver(preload)
@@ -285,7 +294,7 @@ class WorkerPool:
         self.processes: list[mp.process.BaseProcess] = []
         self.connections = []
         close_in_child = (task_w,) if method == "fork" else ()
-        config = config_for(FdHandle(task_r), close_in_child)
+        payload = config if method == "fork" else pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with warnings.catch_warnings():
                 # numpy's BLAS threads make Python 3.12 warn about fork; they are fork-safe, and
@@ -293,7 +302,7 @@ class WorkerPool:
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
                 for i in range(count):
                     receive, send = ctx.Pipe(duplex=False)
-                    process = ctx.Process(target=worker_main, args=(config, i, send), name=f"hydrax-loader-{i}", daemon=True)
+                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send), name=f"hydrax-loader-{i}", daemon=True)
                     process.start()
                     send.close()
                     self.processes.append(process)
