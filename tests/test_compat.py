@@ -21,14 +21,21 @@ records 0.2.2's wrong behaviour and the test asserts ours instead:
 
 from __future__ import annotations
 
-import functools
 import json
+import sys
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
 import hydrax
+
+# The scenario runner shared with the fixture recorder. Worker processes import it to unpickle its
+# loader and start-up hook: fork workers inherit it, forkserver workers get this sys.path.
+_TOOLS_COMPAT = str(Path(__file__).resolve().parents[1] / "tools" / "compat")
+if _TOOLS_COMPAT not in sys.path:
+    sys.path.append(_TOOLS_COMPAT)
+import compat_scenario  # noqa: E402
 
 FIXTURE_PATH = Path(__file__).parent / "fixtures" / "compat_022.json"
 FIXTURE = json.loads(FIXTURE_PATH.read_text())
@@ -41,30 +48,8 @@ NP_DTYPE = np.dtype(DTYPE)
 KNOWN_DEFECTS = {1, 2, 13}
 
 # --------------------------------------------------------------------------------------------
-# Worker side: module-level, so the loader and the start-up hook pickle by reference for both
-# fork and forkserver workers. Forkserver workers import this module to unpickle them, so it
-# imports neither JAX nor pytest at module level (that saves each worker up to ~0.5 s): JAX is
-# imported where it is needed, and the tests are parametrized by ``pytest_generate_tests``.
-
-#: Data values for which the loader raises; set in each worker by ``_set_fail_items``.
-FAIL_ITEMS: frozenset = frozenset()
-
-
-def _set_fail_items(items: frozenset) -> None:
-    global FAIL_ITEMS
-    FAIL_ITEMS = frozenset(items)
-
-
-def loader(data, arrays, seed):
-    if data in FAIL_ITEMS:
-        raise ValueError(f"planned failure {data}")
-    arrays["item"][0] = data
-    arrays["seed"][0] = -1 if seed is None else seed
-    return {"d": data}
-
-
-# --------------------------------------------------------------------------------------------
-# Main-process side
+# Running a scenario on ours. This module imports neither JAX nor pytest at module level, and the
+# tests are parametrized by ``pytest_generate_tests``: the module is cheap to import.
 
 
 _X64_BEFORE: list[bool] = []
@@ -89,91 +74,11 @@ def teardown_module(module):
     jax.config.update("jax_enable_x64", _X64_BEFORE.pop())
 
 
-def make_group(spec: dict) -> hydrax.DataGroup:
-    import jax.numpy as jnp
-
-    jnp_dtype = jnp.dtype(DTYPE)
-    return hydrax.DataGroup(
-        spec["batch_size"],
-        list(range(spec["base"], spec["base"] + spec["n"])),
-        loader_arrays={
-            "item": ((1,), NP_DTYPE, jnp_dtype),
-            "seed": ((1,), NP_DTYPE, jnp_dtype),
-        },
-        seed=spec["seed"],
-        shuffle_first=spec["shuffle_first"],
-        shuffle_later=spec["shuffle_later"],
-    )
-
-
-def _ints(xs) -> list[int]:
-    return [int(x) for x in np.asarray(xs).reshape(-1)]
-
-
-def _index_of(groups, g) -> int:
-    for i, x in enumerate(groups):
-        if x is g:
-            return i
-    raise AssertionError(f"batch group {g!r} is not one of the Dataloader's groups")
-
-
 def run_ours(sc: dict, *, loader_count: int | None = None, depth: int | None = None, deterministic: bool = True) -> dict:
-    """Replay scenario ``sc`` on our Dataloader; the result has the fixture's ``result`` format."""
-    training = [make_group(g) for g in sc["training"]]
-    validation_groups: list[hydrax.DataGroup] = []
-    validation = None
-    if sc["validation"] is not None:
-        validation_groups = [make_group(g) for g in sc["validation"]["groups"]]
-        validation = (sc["validation"]["mode"], sc["validation"]["interval"], validation_groups)
-    kw = sc["kwargs"]
-    dl = hydrax.Dataloader(
-        loader,
-        training,
-        validation=validation,
-        depth=kw["depth"] if depth is None else depth,
-        loader_count=kw["loader_count"] if loader_count is None else loader_count,
-        start_at=tuple(kw["start_at"]),
-        end_at=None if kw["end_at"] is None else tuple(kw["end_at"]),
-        interleave_groups=kw["interleave_groups"],
-        deterministic=deterministic,
-        timeout_sec=30,
-        startup_func=functools.partial(_set_fail_items, frozenset(sc["fail_items"])),
+    """Replay scenario ``sc`` on our Dataloader (default placement); the result has the fixture's ``result`` format."""
+    return compat_scenario.run_scenario(
+        hydrax, sc, loader_count=loader_count, depth=depth, deterministic=deterministic, dtype=DTYPE
     )
-    batches = []
-    max_batches = sc["max_batches"]
-    with dl:
-        for batch in dl:
-            rec = {
-                "kind": "T" if batch.is_training else "V",
-                "group": _index_of(training if batch.is_training else validation_groups, batch.group),
-                "group_index": int(batch.group_index),
-                "indices": _ints(list(batch.indices)),
-                "items": _ints(batch.arrays["item"]),
-                "item_seeds": _ints(batch.arrays["seed"]),
-                "additional_d": [None if v is None else int(v) for v in batch.get_additional("d")],
-            }
-            if batch.is_training:
-                rec["epoch"] = int(batch.epoch)
-                rec["epoch_batch"] = int(batch.epoch_batch)
-                rec["batch_num"] = int(batch.batch_num)
-                rec["seed"] = int(batch.seed)
-                rec["seeds"] = _ints(list(batch.seeds))
-            else:
-                rec["validation_epoch"] = int(batch.validation_epoch)
-                rec["validation_epoch_batch"] = int(batch.validation_epoch_batch)
-                rec["validation_batch_num"] = int(batch.validation_batch_num)
-            batches.append(rec)
-            del batch
-            if max_batches is not None and len(batches) >= max_batches:
-                break
-    return {
-        "batches_per_epoch": int(dl.batches_per_epoch),
-        "batches_per_validation": int(dl.batches_per_validation),
-        "first_batch": int(dl.first_batch),
-        "last_batch": None if dl.last_batch is None else int(dl.last_batch),
-        "interrupted": bool(dl.interrupted),
-        "batches": batches,
-    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -132,23 +132,3 @@ def test_row_data_drives_a_dataloader():
     assert not loader.interrupted
     assert multiprocessing.active_children() == []
 
-
-def test_import_hydrax_does_not_import_pandas():
-    import subprocess
-    import sys
-
-    code = "import sys, hydrax; assert 'pandas' not in sys.modules, 'pandas imported'"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-
-
-def test_missing_pandas_gives_install_hint():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; sys.modules['pandas'] = None\n"
-        "try:\n    import hydrax.pandas\nexcept ImportError as exc:\n    print(exc)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "pip install 'hydrax[pandas]'" in result.stdout, result.stdout + result.stderr

@@ -224,23 +224,3 @@ def test_rejects_non_deterministic_loader(clean_process):
         tbatches(loader, file=io.StringIO())
     assert len(tqdm_package.tqdm._instances) == 0
 
-
-def test_import_hydrax_does_not_import_tqdm():
-    import subprocess
-    import sys
-
-    code = "import sys, hydrax; assert 'tqdm' not in sys.modules, 'tqdm imported'; print('ok')"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-
-
-def test_missing_tqdm_gives_install_hint():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; sys.modules['tqdm'] = None\n"
-        "try:\n    import hydrax.tqdm\nexcept ImportError as exc:\n    print(exc)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "pip install 'hydrax[tqdm]'" in result.stdout, result.stdout + result.stderr

@@ -69,6 +69,7 @@ import multiprocessing as mp
 import os
 import statistics
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -238,12 +239,22 @@ def run_pool(spec: dict) -> dict:
     clock = Clock(0.0, spec["warmup"], spec["seconds"])
     first_result = None
     clock.t0 = time.perf_counter()
+    # Bounded prefetch, like a real loader: imap alone feeds its workers without limit, and
+    # at 16 processes the unconsumed results then swamp the parent (a run never finishes).
+    ahead = threading.Semaphore(batch_size * max(3, spec["depth"]))
+
+    def feed():
+        for item in itertools.islice(itertools.cycle(items), 10**9):
+            ahead.acquire()
+            yield item
+
     with mp.get_context("fork").Pool(spec["processes"]) as pool:
-        results = pool.imap(func, itertools.islice(itertools.cycle(items), 10**9), chunksize=spec["chunksize"])
+        results = pool.imap(func, feed(), chunksize=spec["chunksize"])
         going = True
         while going:
             for k in range(batch_size):
                 result = next(results)
+                ahead.release()
                 if not discard:
                     batch[k] = result
                 if first_result is None:

@@ -23,8 +23,11 @@ Notes:
 - Every scenario uses ``deterministic=True`` and ends through ``end_at`` or through the
   consumer breaking out after ``max_batches``, so the output is reproducible: running
   the script twice gives byte-identical JSON.
-- The loader function and the fail-item start-up hook are module-level because 0.2.2
-  spawns its worker processes; all driving code is under ``if __name__ == "__main__"``.
+- The scenarios are run by ``compat_scenario.py`` (next to this script), which
+  ``tests/test_compat.py`` uses too: it builds the groups, runs the Dataloader and records
+  each batch. Its loader function and fail-item start-up hook are module-level because
+  0.2.2 spawns its worker processes; all driving code here is under
+  ``if __name__ == "__main__"`` (JAX x64 is enabled in ``main``).
 - Scenarios that raise or stall under 0.2.2 are reported on stderr and left out of the
   output; the exit status is then 1.
 
@@ -42,43 +45,20 @@ Fixture format::
      "seed": ((1,), int64, int64)})
 """
 
-import functools
 import json
 import os
 import sys
 import traceback
 
-import jax
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-DTYPE = "int64"
-NP_DTYPE = np.int64
-JNP_DTYPE = jnp.int64
-
-# Data values for which the loader raises; set in each worker by _set_fail_items
-# (passed as the Dataloader's startup_func, which survives spawn because it is a
-# functools.partial of a module-level function).
-FAIL_ITEMS: frozenset = frozenset()
-
-
-def _set_fail_items(items):
-    global FAIL_ITEMS
-    FAIL_ITEMS = frozenset(items)
-
-
-def loader(data, arrays, seed):
-    if data in FAIL_ITEMS:
-        raise ValueError(f"planned failure {data}")
-    arrays["item"][0] = data
-    arrays["seed"][0] = -1 if seed is None else seed
-    return {"d": data}
+# The scenario runner shared with tests/test_compat.py (this script's directory is sys.path[0]).
+from compat_scenario import DTYPE, run_scenario
 
 
 def place(arrays, layouts, additional, group):
+    import jax.numpy as jnp
+
     return {
         k: jnp.asarray(np.array(v, copy=True), dtype=layouts[k][2])
         for k, v in arrays.items()
@@ -262,96 +242,12 @@ def scenarios():
     return out
 
 
-# --------------------------------------------------------------------------------------
-# Running
-
-
-def make_group(hydrax, spec):
-    data = list(range(spec["base"], spec["base"] + spec["n"]))
-    return hydrax.DataGroup(
-        spec["batch_size"],
-        data,
-        loader_arrays={
-            "item": ((1,), NP_DTYPE, JNP_DTYPE),
-            "seed": ((1,), NP_DTYPE, JNP_DTYPE),
-        },
-        seed=spec["seed"],
-        shuffle_first=spec["shuffle_first"],
-        shuffle_later=spec["shuffle_later"],
-    )
-
-
-def _ints(xs):
-    return [int(x) for x in np.asarray(xs).reshape(-1)]
-
-
-def _index_of(groups, g):
-    for i, x in enumerate(groups):
-        if x is g:
-            return i
-    raise AssertionError("batch group not found")
-
-
-def run_scenario(hydrax, sc):
-    training = [make_group(hydrax, g) for g in sc["training"]]
-    validation_groups = []
-    validation = None
-    if sc["validation"] is not None:
-        validation_groups = [make_group(hydrax, g) for g in sc["validation"]["groups"]]
-        validation = (sc["validation"]["mode"], sc["validation"]["interval"], validation_groups)
-    kw = sc["kwargs"]
-    dl = hydrax.Dataloader(
-        loader,
-        training,
-        validation=validation,
-        depth=kw["depth"],
-        loader_count=kw["loader_count"],
-        start_at=tuple(kw["start_at"]),
-        end_at=None if kw["end_at"] is None else tuple(kw["end_at"]),
-        interleave_groups=kw["interleave_groups"],
-        deterministic=True,
-        timeout_sec=30,
-        startup_func=functools.partial(_set_fail_items, tuple(sc["fail_items"])),
-        placement_func=place,
-    )
-    batches = []
-    max_batches = sc["max_batches"]
-    with dl:
-        for batch in dl:
-            rec = {
-                "kind": "T" if batch.is_training else "V",
-                "group": _index_of(training if batch.is_training else validation_groups, batch.group),
-                "group_index": int(batch.group_index),
-                "indices": _ints(list(batch.indices)),
-                "items": _ints(batch.arrays["item"]),
-                "item_seeds": _ints(batch.arrays["seed"]),
-                "additional_d": [None if v is None else int(v) for v in batch.get_additional("d")],
-            }
-            if batch.is_training:
-                rec["epoch"] = int(batch.epoch)
-                rec["epoch_batch"] = int(batch.epoch_batch)
-                rec["batch_num"] = int(batch.batch_num)
-                rec["seed"] = int(batch.seed)
-                rec["seeds"] = _ints(list(batch.seeds))
-            else:
-                rec["validation_epoch"] = int(batch.validation_epoch)
-                rec["validation_epoch_batch"] = int(batch.validation_epoch_batch)
-                rec["validation_batch_num"] = int(batch.validation_batch_num)
-            batches.append(rec)
-            del batch
-            if max_batches is not None and len(batches) >= max_batches:
-                break
-    return {
-        "batches_per_epoch": int(dl.batches_per_epoch),
-        "batches_per_validation": int(dl.batches_per_validation),
-        "first_batch": int(dl.first_batch),
-        "last_batch": None if dl.last_batch is None else int(dl.last_batch),
-        "interrupted": bool(dl.interrupted),
-        "batches": batches,
-    }
-
-
 def main(argv):
+    import jax
+
+    # The fixture's arrays are int64.
+    jax.config.update("jax_enable_x64", True)
+
     import hydrax
     from importlib.metadata import version
 
@@ -386,7 +282,7 @@ def main(argv):
         print(f"[record] {sc['name']}", file=sys.stderr, flush=True)
         try:
             sc = dict(sc)
-            sc["result"] = run_scenario(hydrax, sc)
+            sc["result"] = run_scenario(hydrax, sc, placement_func=place)
         except BaseException as e:  # noqa: BLE001 - we report and exclude
             if isinstance(e, (SystemExit,)):
                 raise
