@@ -31,6 +31,7 @@ from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method, wa
 D = TypeVar("D")
 
 _ONE_YEAR = 31_536_000
+_UNSET = object()
 _WAIT_SLICE_S = 0.1
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
 _TASK_PIPE_BUDGET = 48 * 1024
@@ -196,7 +197,7 @@ class Dataloader(Generic[D]):
         self._arena: Arena | None = None
         self._pool: WorkerPool | None = None
         self._pipeline: Pipeline | None = None
-        self._previous_sigint: Any = None
+        self._previous_sigint: Any = _UNSET
         self._method: str | None = None
         self._stats = TransferStats()
         if start_method() == "forkserver":
@@ -244,7 +245,12 @@ class Dataloader(Generic[D]):
 
     @property
     def transfer_stats(self) -> dict[str, int]:
-        """(hydrax extension) Batches and bytes handed to JAX without a copy (aliased) and copied."""
+        """(hydrax extension) Batches and bytes by the path they took to JAX.
+
+        ``aliased``: the slot itself became the ``jax.Array`` (CPU backend, no copy);
+        ``copied``: one copy into memory XLA owns (host memory on CPU, device memory otherwise);
+        ``custom``: placed by ``placement_func``.
+        """
         stats = self._pipeline.stats if self._pipeline is not None else self._stats
         return stats.as_dict()
 
@@ -329,9 +335,10 @@ class Dataloader(Generic[D]):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
+        if self._previous_sigint is not _UNSET and threading.current_thread() is threading.main_thread():
+            # None means a handler installed outside Python; the default is the closest we can restore
+            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous_sigint is None else self._previous_sigint)
+            self._previous_sigint = _UNSET
 
     def _on_sigint(self, signum, frame) -> None:
         self._sigints += 1
