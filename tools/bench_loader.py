@@ -242,10 +242,13 @@ def run_pool(spec: dict) -> dict:
     # Bounded prefetch, like a real loader: imap alone feeds its workers without limit, and
     # at 16 processes the unconsumed results then swamp the parent (a run never finishes).
     ahead = threading.Semaphore(batch_size * max(3, spec["depth"]))
+    done = threading.Event()
 
     def feed():
         for item in itertools.islice(itertools.cycle(items), 10**9):
-            ahead.acquire()
+            while not ahead.acquire(timeout=0.05):
+                if done.is_set():
+                    return  # lets Pool.__exit__ join its task thread
             yield item
 
     with mp.get_context("fork").Pool(spec["processes"]) as pool:
@@ -260,6 +263,7 @@ def run_pool(spec: dict) -> dict:
                 if first_result is None:
                     first_result = time.perf_counter() - clock.t0
             going = clock.batch_done(batch_size)
+        done.set()
         exit_started = time.perf_counter()
     out = clock.result()
     out.update(first_result_s=first_result, shutdown_s=time.perf_counter() - exit_started, start_method="fork")
