@@ -287,8 +287,17 @@ class Dataloader(Generic[D]):
         config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec())
 
         self._method = start_method()
+        self._pool = WorkerPool(self._method)
+        # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
+        # and never more task records than the task pipe holds.
+        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
+        self._pipeline = Pipeline(
+            iter_steps(self._plan), groups, plans, len(self._training), self._arena, self._pool,
+            self._placement_func, self._deterministic, chunks, self._zero_copy,
+        )
+        self._pipeline.prefill()  # the first workers start loading while the others are still starting
         try:
-            self._pool = WorkerPool(self._loader_count, config, self._arena.handle(), self._method, self._modules())
+            self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             if self._method != "forkserver":
                 raise
@@ -298,13 +307,6 @@ class Dataloader(Generic[D]):
                 "picklable: use module-level functions, or create the Dataloader before the first JAX computation"
             ) from exc
         self._arena.close_fd()
-        # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
-        # and never more task records than the task pipe holds.
-        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
-        self._pipeline = Pipeline(
-            iter_steps(self._plan), groups, plans, len(self._training), self._arena, self._pool,
-            self._placement_func, self._deterministic, chunks, self._zero_copy,
-        )
         self._pipeline.start()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)

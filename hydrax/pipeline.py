@@ -131,6 +131,10 @@ class Pipeline:
         self.thread = threading.Thread(target=self._run, name="hydrax-pipeline", daemon=True)
 
     # -- control -----------------------------------------------------------------------------
+    def prefill(self) -> None:
+        """Queue the first batches' tasks, on the calling thread, before the workers exist."""
+        self._fill()
+
     def start(self) -> None:
         self.thread.start()
 

@@ -283,16 +283,21 @@ def _check_result(result):
 class WorkerPool:
     """``count`` worker processes sharing one task pipe, each with its own completion pipe."""
 
-    def __init__(self, count: int, config: WorkerConfig, arena: FdHandle, method: str, preload: Sequence[str] = ()) -> None:
+    def __init__(self, method: str) -> None:
+        """Make the task pipe; :meth:`start` starts the processes (tasks may be queued before)."""
         self.method = method
+        self._task_r, self._task_w = os.pipe()
+        os.set_blocking(self._task_w, True)
+        self.processes: list[mp.process.BaseProcess] = []
+        self.connections = []
+
+    def start(self, count: int, config: WorkerConfig, arena: FdHandle, preload: Sequence[str] = ()) -> None:
+        """Start ``count`` workers; with tasks already queued the first ones start loading at once."""
+        method = self.method
         if method == "forkserver":
             warm_forkserver(preload)
         ctx = mp.get_context(method)
-        task_r, task_w = os.pipe()
-        os.set_blocking(task_w, True)
-        self._task_w: int | None = task_w
-        self.processes: list[mp.process.BaseProcess] = []
-        self.connections = []
+        task_r, task_w = self._task_r, self._task_w
         close_in_child = (task_w,) if method == "fork" else ()
         payload = config if method == "fork" else pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
         try:
@@ -307,11 +312,9 @@ class WorkerPool:
                     send.close()
                     self.processes.append(process)
                     self.connections.append(receive)
-        except BaseException:
+        finally:
             os.close(task_r)
-            self.close(grace=0)
-            raise
-        os.close(task_r)
+            self._task_r = -1
 
     @property
     def sentinels(self) -> list[int]:
@@ -325,6 +328,9 @@ class WorkerPool:
 
     def close(self, grace: float = 1.0) -> None:
         """Stop the workers: end of tasks, then SIGTERM and SIGKILL for any still running after ``grace``."""
+        if self._task_r >= 0:
+            os.close(self._task_r)
+            self._task_r = -1
         if self._task_w is not None:
             os.close(self._task_w)
             self._task_w = None
