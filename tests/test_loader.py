@@ -249,6 +249,18 @@ def test_cpu_batches_alias_aligned_slot_memory_when_a_slot_stays_free():
         assert dl.transfer_stats["aliased_batches"] == 0 and dl.transfer_stats["copied_batches"] == 8
 
 
+def test_a_loop_that_releases_its_batches_gets_every_batch_without_a_copy():
+    group = DataGroup(8, range(96), loader_arrays=ARRAYS)
+    with Dataloader(load, group, end_at=("epoch", 2), depth=2, loader_count=2) as dl:
+        for batch in dl:
+            del batch
+        assert dl.transfer_stats["aliased_batches"] == 24 and dl.transfer_stats["copied_batches"] == 0
+    with Dataloader(load, group, end_at=("epoch", 2), depth=1, loader_count=2) as dl:
+        for batch in dl:
+            del batch
+        assert dl.transfer_stats["copied_batches"] == 24  # with one slot, aliasing could stall: never
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_keeping_every_batch_never_stalls_and_never_corrupts(depth):
     group = DataGroup(4, range(40), loader_arrays=ARRAYS, seed=1)
