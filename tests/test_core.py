@@ -35,6 +35,7 @@ def test_arena_is_page_aligned_shared_and_stays_mapped_while_viewed(arena):
 
 
 @pytest.mark.filterwarnings("ignore:os.fork")
+@pytest.mark.filterwarnings("ignore:This process")
 def test_arena_memory_is_shared_with_a_child_process(arena):
     pid = os.fork()
     if pid == 0:
