@@ -27,7 +27,7 @@ from .batch import Batch, TrainingBatch, ValidationBatch
 from .errors import WorkerError
 from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
 from .schedule import GroupPlan, Step, TrainingStep, batch_items, batch_seed, item_order, validation_item_order
-from .workers import WorkerPool
+from .workers import PIPELINE_THREAD, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
 HEARTBEAT_STALE_S = 0.9
@@ -128,7 +128,7 @@ class Pipeline:
         arena.on_release = self._slot_released
         self._cpu = True
         self.lazy = False
-        self.thread = threading.Thread(target=self._run, name="hydrax-pipeline", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=PIPELINE_THREAD, daemon=True)
 
     # -- control -----------------------------------------------------------------------------
     def prefill(self) -> None:

@@ -38,6 +38,8 @@ from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
 HEARTBEAT_PERIOD_US = 100_000
+#: The name of each run's pipeline thread (see hydrax.pipeline).
+PIPELINE_THREAD = "hydrax-pipeline"
 
 
 @dataclass
@@ -86,7 +88,9 @@ def start_method() -> str:
         if forced not in ("fork", "forkserver"):
             raise ValueError(f"HYDRAX_START_METHOD must be 'fork' or 'forkserver', got {forced!r}")
         return forced
-    return "forkserver" if jax_backend_live() else "fork"
+    # Another run's pipeline thread may be initialising JAX at this very moment: no fork then either.
+    busy = any(t.name == PIPELINE_THREAD for t in threading.enumerate())
+    return "forkserver" if busy or jax_backend_live() else "fork"
 
 
 def warm_forkserver(modules: Sequence[str | None] = ()) -> None:

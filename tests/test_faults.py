@@ -299,3 +299,20 @@ def test_nothing_is_left_in_dev_shm_or_the_process_table_after_any_ending(tmp_pa
     assert not any("hydrax" in name for name in json.loads(lines["SHM"]))
     assert wait_gone(json.loads(lines["PIDS"])) == []
     assert "resource_tracker" not in result.stderr  # no leaked-segment warnings at exit
+
+
+def test_two_loaders_open_at_once(tmp_path):
+    # The second starts while the first one's pipeline thread runs (and JAX is live): no fork then.
+    path = script(tmp_path, """
+    def load(item, arrays, seed):
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        with Dataloader(load, group(16), loader_count=2, end_at=("epoch", 1)) as train:
+            with Dataloader(load, group(8), loader_count=1, end_at=("epoch", 2)) as valid:
+                say("METHODS", train.start_method, valid.start_method)
+                say("COUNTS", len(list(train)), len(list(valid)))
+    """)
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    assert "METHODS fork forkserver" in result.stdout and "COUNTS 4 4" in result.stdout
