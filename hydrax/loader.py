@@ -404,7 +404,7 @@ class Dataloader(Generic[D]):
                 if time.monotonic_ns() - started >= self._timeout * 1_000_000_000:
                     self._fail()
                     raise BatchTimeoutError(
-                        f"no batches have been produced in {self._timeout} seconds; the loader processes:\n"
+                        f"no batches have been produced in {self._timeout} seconds; the state of the run:\n"
                         + self._pipeline.describe_workers()
                     )
         finally:

@@ -400,8 +400,13 @@ class Pipeline:
         return f"item {index} ({item}) of {kind} group {group}, position {position} of {batch}, for {seconds:.1f} s"
 
     def describe_workers(self) -> str:
-        """One line per worker: alive or not, and what it is loading."""
+        """One line per worker: alive or not, and what it is loading; and who holds the slots."""
         lines = []
+        if self._pinned and not self._inflight and self._arena.free_count == 0:
+            lines.append(
+                f"  all {self._arena.depth} batch slots are held by batches still referenced "
+                "(hydrax.debug_batch_references() shows by what); release batches, or raise depth"
+            )
         for i, process in enumerate(self._pool.processes):
             doing = self.describe_item(i) or "idle"
             state = "alive" if process.is_alive() else f"exited ({process.exitcode})"

@@ -38,6 +38,8 @@ from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
 HEARTBEAT_PERIOD_US = 100_000
+#: Items whose views a worker keeps ready (about 0.5 KB each); beyond that they are rebuilt.
+_VIEW_CACHE_ITEMS = 32_768
 #: The name of each run's pipeline thread (see hydrax.pipeline).
 PIPELINE_THREAD = "hydrax-pipeline"
 
@@ -209,6 +211,8 @@ class _Loop:
         key = (slot, group)
         views = self.views.get(key)
         if views is None:
+            if sum(len(v.views) for v in self.views.values()) >= _VIEW_CACHE_ITEMS:
+                self.views.clear()  # huge batches times many slots: rebuild rather than hoard memory
             views = _ItemViews(self.memory, self.config.arena.slot_offsets[slot], self.config.groups[group].arrays)
             self.views[key] = views
         return views

@@ -353,6 +353,20 @@ def test_a_stuck_item_times_out_with_a_message_naming_it():
     assert time.monotonic() - started < 10
 
 
+def place_aliasing(arrays, layouts, additional, group):
+    return {name: jax.device_put(view) for name, view in arrays.items()}  # on CPU this pins the slot
+
+
+def test_a_timeout_with_every_slot_held_says_so():
+    group = DataGroup(2, range(40), loader_arrays={"x": ((), np.int32, jnp.int32)})
+    kept = []
+    with pytest.raises(BatchTimeoutError, match="all 2 batch slots are held by batches still referenced"):
+        with Dataloader(load_trivial, group, end_at=("epoch", 1), placement_func=place_aliasing, depth=2, timeout_sec=1) as dl:
+            for batch in dl:
+                kept.append(batch)  # a custom placement that aliases, and a loop that keeps everything
+    assert len(kept) == 2
+
+
 def test_worker_environment():
     group = DataGroup(2, range(4), loader_arrays=ARRAYS)
     with Dataloader(load_environment, group, end_at=("epoch", 1), loader_count=2, loader_nice=3, startup_func=startup) as dl:
