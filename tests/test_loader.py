@@ -358,7 +358,7 @@ def place_aliasing(arrays, layouts, additional, group):
 
 
 def test_a_timeout_with_every_slot_held_says_so():
-    group = DataGroup(2, range(40), loader_arrays={"x": ((), np.int32, jnp.int32)})
+    group = DataGroup(2, range(40), loader_arrays={"x": ((1,), np.float32, jnp.float32)})
     kept = []
     with pytest.raises(BatchTimeoutError, match="all 2 batch slots are held by batches still referenced"):
         with Dataloader(load_trivial, group, end_at=("epoch", 1), placement_func=place_aliasing, depth=2, timeout_sec=1) as dl:
