@@ -197,7 +197,7 @@ class Pipeline:
             timeout = _POLL_S
             if self._pinned and not self._exhausted and self._arena.free_count == 0:
                 # Slots held only by dead jax.Arrays come back once XLA collects; keep asking.
-                collect_released_buffers()
+                collect_released_buffers(thorough=True)
                 timeout = _PINNED_POLL_S
             for key, _events in selector.select(timeout):
                 kind, worker = key.data

@@ -47,18 +47,38 @@ class TransferStats:
         return dict(self.__dict__)
 
 
-def collect_released_buffers() -> None:
+def _find_collector():
+    """XLA's own collector of host buffers released by dead arrays (its name moves between jaxlib versions)."""
+    for module, attribute in (("jax._src.lib", "_jax"), ("jax._src.lib", "_xla"), ("jaxlib.xla_extension", None)):
+        found = sys.modules.get(module)
+        if found is not None and attribute is not None:
+            found = getattr(found, attribute, None)
+        collect = getattr(found, "collect_garbage", None)
+        if collect is not None:
+            return collect
+    return None
+
+
+_collector = None
+
+
+def collect_released_buffers(thorough: bool = False) -> None:
     """Let JAX drop the host arrays of ``jax.Array`` s that are already gone.
 
     XLA releases the numpy array behind a dead ``jax.Array`` lazily, at its next garbage
     collection point; until then the slot under it counts as in use. hydrax 0.2.2 waited for that
     without ever causing it, which is how its runs stalled. The call costs a few microseconds.
+    Where a jaxlib has no such entry point, ``thorough`` falls back to a full ``gc.collect()``
+    (which also runs XLA's collector from its gc callback); it is only worth that while waiting.
     """
-    lib = sys.modules.get("jax._src.lib")
-    collect = getattr(getattr(lib, "_jax", None), "collect_garbage", None)
-    if collect is not None:
-        collect()
-    elif lib is not None:
+    global _collector
+    if _collector is None:
+        if "jax._src.lib" not in sys.modules:
+            return
+        _collector = _find_collector() or False
+    if _collector:
+        _collector()
+    elif thorough:
         gc.collect()
 
 
