@@ -10,7 +10,6 @@ A slot goes back to the free pool exactly when the last buffer export made from 
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from typing import Callable
 
@@ -90,9 +89,10 @@ class Arena:
             os.close(fd)
             raise
         self._fd: int | None = fd
-        self._lock = threading.Lock()
+        # No lock: a slot can come back inside a garbage collection that runs while this very
+        # thread is in the middle of an arena call (XLA frees host buffers from a gc callback), so
+        # the pool is a deque whose append and popleft are atomic on their own.
         self._free: deque[int] = deque(range(depth))
-        self._leases: dict[int, _core.SlotLease] = {}
         self.on_release = on_release
         self._closed = False
 
@@ -114,26 +114,25 @@ class Arena:
 
     def acquire(self) -> int | None:
         """Take a free slot, or None when all ``depth`` slots are in use."""
-        with self._lock:
-            return self._free.popleft() if self._free and not self._closed else None
+        if self._closed:
+            return None
+        try:
+            return self._free.popleft()
+        except IndexError:
+            return None
 
     def lease(self, slot: int) -> _core.SlotLease:
         """A tracking exporter over ``slot``; the slot returns to the pool once it is sealed and unused."""
-        lease = _core.SlotLease(self.map, slot, self.slot_offsets[slot], self.slot_size, self._release)
-        with self._lock:
-            self._leases[slot] = lease
-        return lease
+        return _core.SlotLease(self.map, slot, self.slot_offsets[slot], self.slot_size, self._release)
 
     def free_now(self, slot: int) -> None:
         """Return a slot that was never leased (for example a dropped batch)."""
         self._release(slot)
 
     def _release(self, slot: int) -> None:
-        with self._lock:
-            self._leases.pop(slot, None)
-            if self._closed:
-                return
-            self._free.append(slot)
+        if self._closed:
+            return
+        self._free.append(slot)
         if self.on_release is not None:
             self.on_release(slot)
 
@@ -141,11 +140,6 @@ class Arena:
     def free_count(self) -> int:
         """Slots free right now."""
         return len(self._free)
-
-    def live_leases(self) -> list[_core.SlotLease]:
-        """Leases whose memory is still referenced (for diagnostics)."""
-        with self._lock:
-            return list(self._leases.values())
 
     def heartbeat(self, worker: int) -> int:
         """The worker's last heartbeat (monotonic ns), 0 before it started."""
@@ -163,7 +157,6 @@ class Arena:
 
     def close(self) -> None:
         """Stop handing out slots. The mapping itself goes when the last view of it does."""
-        with self._lock:
-            self._closed = True
-            self._free.clear()
+        self._closed = True
+        self._free.clear()
         self.close_fd()

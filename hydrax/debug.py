@@ -24,11 +24,6 @@ def _describe(obj: object) -> str:
     return text
 
 
-def _bookkeeping(obj: object) -> bool:
-    # hydrax's own table of leases refers to every slot; it is never the reason one is busy
-    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, _core.SlotLease) for v in obj.values())
-
-
 def _print_referrers(obj: object, depth: int, seen: set[int], ignore: set[int], out) -> None:
     if depth > _MAX_DEPTH or len(seen) > _MAX_NODES:
         return
@@ -36,7 +31,7 @@ def _print_referrers(obj: object, depth: int, seen: set[int], ignore: set[int], 
     ignore.add(id(referrers))  # this very list refers to what it holds: not part of the answer
     shown = 0
     for referrer in referrers:
-        if id(referrer) in ignore or isinstance(referrer, types.FrameType) or _bookkeeping(referrer):
+        if id(referrer) in ignore or isinstance(referrer, types.FrameType):
             continue
         shown += 1
         indent = "  " * depth
