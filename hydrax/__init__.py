@@ -12,3 +12,7 @@ from .loader import Dataloader, is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc
 
 __version__ = "0.3.0.dev0"
+
+from .workers import watch_jax_start as _watch_jax_start
+
+_watch_jax_start()

@@ -15,11 +15,15 @@ from multiprocessing import process, spawn
 MAIN_ENV = "HYDRAX_FORKSERVER_MAIN"
 MODULES_ENV = "HYDRAX_FORKSERVER_MODULES"
 PATH_ENV = "HYDRAX_FORKSERVER_SYS_PATH"
+#: True in the fork server (and the workers it forks): never start another server from there.
+SERVING = False
 
 
 def _preload() -> None:
+    global SERVING
     if MAIN_ENV not in os.environ:
         return  # imported by the parent for the names above, not by the fork server
+    SERVING = True
     kind, _, target = os.environ.pop(MAIN_ENV, "").partition(":")
     modules = [m for m in os.environ.pop(MODULES_ENV, "").split(",") if m]
     path = os.environ.pop(PATH_ENV, "")

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .schedule import GroupPlan
+from .workers import watch_jax_start
 
 D = TypeVar("D")
 
@@ -136,6 +137,7 @@ class DataGroup(Sequence[D], Generic[D]):
         self._shuffle_first = bool(shuffle_first)
         self._shuffle_later = "itemwise" if shuffle_later == "default" else shuffle_later
         layouts, size = compute_layouts(self._batch_size, loader_arrays)
+        watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
         self._loader_layouts = MappingProxyType(layouts)
         self._loader_size = size
 

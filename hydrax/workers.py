@@ -95,6 +95,38 @@ def start_method() -> str:
     return "forkserver" if busy or jax_backend_live() else "fork"
 
 
+_watching = False
+
+
+def watch_jax_start() -> None:
+    """Start the fork server as soon as JAX initialises a backend, if JAX is imported already.
+
+    From that moment on every new run needs the fork server, and starting it then, rather than
+    when the run begins, takes the import of the main module off the time to the first batch
+    (a training script usually spends seconds between initialising JAX and its first loader).
+    Needs jax's ``register_backend_initialization_hook``; without it nothing happens.
+    """
+    global _watching
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    register = getattr(bridge, "register_backend_initialization_hook", None)
+    if _watching or register is None or mp.parent_process() is not None:
+        return
+    _watching = True
+    register(_on_backend)
+
+
+def _on_backend(_backend) -> None:
+    # Runs inside JAX's backend initialisation: start a process, call nothing of JAX.
+    from . import _forkserver
+
+    if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING:
+        return
+    try:
+        warm_forkserver()
+    except Exception:  # the run will start it later and report any problem then
+        pass
+
+
 def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
     """Start the fork server now (if it is not running), with the main module, hydrax and
     ``modules`` imported in it.

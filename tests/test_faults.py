@@ -295,3 +295,28 @@ def test_two_loaders_open_at_once(tmp_path):
     result = run_script(path)
     assert result.returncode == 0, result.stderr
     assert "METHODS fork forkserver" in result.stdout and "COUNTS 4 4" in result.stdout
+
+
+def test_the_fork_server_starts_when_jax_does(tmp_path):
+    path = script(tmp_path, """
+    from multiprocessing import forkserver
+
+    def load(item, arrays, seed):
+        arrays["x"][...] = item
+
+    if __name__ == "__main__":
+        say("BEFORE", forkserver._forkserver._forkserver_pid is not None)
+        jnp.ones(1).block_until_ready()
+        say("AFTER", forkserver._forkserver._forkserver_pid is not None)
+        time.sleep(1.5)  # the rest of a training script's set-up
+        started = time.monotonic()
+        with Dataloader(load, group(64), loader_count=2, end_at=("epoch", 1)) as dl:
+            next(dl)
+            say("FIRST", dl.start_method, round(time.monotonic() - started, 3))
+    """)
+    result = run_script(path)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["BEFORE"] == "False" and lines["AFTER"] == "True"
+    method, seconds = lines["FIRST"].split()
+    assert method == "forkserver" and float(seconds) < 0.3
