@@ -104,15 +104,28 @@ def watch_jax_start() -> None:
     From that moment on every new run needs the fork server, and starting it then, rather than
     when the run begins, takes the import of the main module off the time to the first batch
     (a training script usually spends seconds between initialising JAX and its first loader).
-    Needs jax's ``register_backend_initialization_hook``; without it nothing happens.
+    Uses jax's ``register_backend_initialization_hook`` where it exists, else wraps the private
+    ``_init_backend`` (jax 0.12 dropped the hook); with neither, nothing happens.
     """
     global _watching
     bridge = sys.modules.get("jax._src.xla_bridge")
+    if _watching or bridge is None or mp.parent_process() is not None:
+        return
     register = getattr(bridge, "register_backend_initialization_hook", None)
-    if _watching or register is None or mp.parent_process() is not None:
+    init = getattr(bridge, "_init_backend", None)
+    if register is not None:
+        register(_on_backend)
+    elif callable(init):
+
+        def init_backend(*args, **kwargs):
+            backend = init(*args, **kwargs)
+            _on_backend(backend)
+            return backend
+
+        bridge._init_backend = init_backend
+    else:
         return
     _watching = True
-    register(_on_backend)
 
 
 def _on_backend(_backend) -> None:
