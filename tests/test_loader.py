@@ -1,9 +1,7 @@
 """Dataloader end to end, with real worker processes and real JAX."""
 
 import os
-import sys
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp

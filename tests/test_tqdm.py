@@ -172,10 +172,10 @@ def test_tbatches_leaves_loader_on_early_break(clean_process):
     out = io.StringIO()
     loader = make_loader(end_at=("epoch", 10))
     for batch in tbatches(loader, file=out):
-        if batch.batch_num == 2:
-            break
+        stop = batch.batch_num == 2
         del batch
-    del batch
+        if stop:
+            break
     assert loader.interrupted
     with pytest.raises(RuntimeError, match="not running"):
         next(loader)
