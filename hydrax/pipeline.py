@@ -30,10 +30,10 @@ from .schedule import GroupPlan, Step, TrainingStep, batch_items, batch_seed, it
 from .workers import PIPELINE_THREAD, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
-HEARTBEAT_STALE_S = 0.9
+HEARTBEAT_STALE_S = 0.75
 _POLL_S = 0.1
 _PINNED_POLL_S = 0.005
-_HEALTH_CHECK_S = 0.2
+_HEALTH_CHECK_S = 0.1
 _TASK_NS = 2_000_000  # aim for tasks of about 2 ms of loading
 
 
@@ -223,7 +223,8 @@ class Pipeline:
                 next_health_check, last_health_check = now + _HEALTH_CHECK_S, now
                 frozen = self._frozen_worker() if on_time else None
                 if frozen is not None:
-                    self._fail_worker(frozen, "stopped responding (no heartbeat for over a second)")
+                    worker, silent = frozen
+                    self._fail_worker(worker, f"stopped responding (no heartbeat for {silent:.2f} s)")
                     return
 
     def _fill(self) -> None:
@@ -367,12 +368,13 @@ class Pipeline:
         )
 
     # -- health ------------------------------------------------------------------------------
-    def _frozen_worker(self) -> int | None:
+    def _frozen_worker(self) -> tuple[int, float] | None:
+        """A worker whose heartbeat is stale, and for how many seconds, or None."""
         now = time.monotonic_ns()
         for i, process in enumerate(self._pool.processes):
             beat = self._arena.heartbeat(i)
             if beat and now - beat > HEARTBEAT_STALE_S * 1e9 and process.is_alive():
-                return i
+                return i, (now - beat) / 1e9
         return None
 
     def describe_item(self, worker: int) -> str | None:
