@@ -81,9 +81,25 @@ def no_leftovers():
     assert new_shm_entries(shm_before) == set(), "a test left files in /dev/shm"
 
 
-def pytest_configure(config):
+def _warm_forkserver() -> None:
     # Workers forked from the fork server only avoid importing the test modules (and JAX) when
-    # the server has them; a training script gets the same from its main module.
+    # the server has them; a training script gets the same from its main module. This must run
+    # before JAX initialises: hydrax starts the server without them from then on.
     from hydrax.workers import warm_forkserver
 
     warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py")])
+
+
+_warm_forkserver()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only: about XLA:CPU aliasing host memory; other backends copy to the device")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cpu_only"):
+        import jax
+
+        if jax.default_backend() != "cpu":
+            pytest.skip("about XLA:CPU aliasing host memory; this backend copies to the device")

@@ -105,6 +105,7 @@ def test_release_on_another_thread_and_callback_errors_are_contained(arena, capf
     assert "error recycling batch slot 5" in capfd.readouterr().err
 
 
+@pytest.mark.cpu_only
 def test_jax_array_pins_the_slot_until_it_is_collected(arena):
     jax = pytest.importorskip("jax")
     from hydrax.placement import collect_released_buffers

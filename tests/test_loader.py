@@ -230,6 +230,7 @@ def test_placement_func_gets_the_host_arrays_and_its_result_is_checked():
 # -- memory: zero copy, holding batches, no stalls --------------------------------------------------
 
 
+@pytest.mark.cpu_only
 def test_cpu_batches_alias_aligned_slot_memory_when_a_slot_stays_free():
     group = DataGroup(8, range(64), loader_arrays=ARRAYS)
     with Dataloader(load, group, end_at=("epoch", 1), depth=3) as dl:
@@ -247,6 +248,7 @@ def test_cpu_batches_alias_aligned_slot_memory_when_a_slot_stays_free():
         assert dl.transfer_stats["aliased_batches"] == 0 and dl.transfer_stats["copied_batches"] == 8
 
 
+@pytest.mark.cpu_only
 def test_a_loop_that_releases_its_batches_gets_every_batch_without_a_copy():
     group = DataGroup(8, range(96), loader_arrays=ARRAYS)
     with Dataloader(load, group, end_at=("epoch", 2), depth=2, loader_count=2) as dl:
@@ -355,6 +357,7 @@ def place_aliasing(arrays, layouts, additional, group):
     return {name: jax.device_put(view) for name, view in arrays.items()}  # on CPU this pins the slot
 
 
+@pytest.mark.cpu_only
 def test_a_timeout_with_every_slot_held_says_so():
     group = DataGroup(2, range(40), loader_arrays={"x": ((1,), np.float32, jnp.float32)})
     kept = []
@@ -443,6 +446,7 @@ def test_no_file_descriptors_leak_across_runs():
     assert len(os.listdir("/proc/self/fd")) == before
 
 
+@pytest.mark.cpu_only
 def test_debug_batch_references_names_the_holder(capsys):
     group = DataGroup(2, range(8), loader_arrays=ARRAYS)
     with Dataloader(load, group, end_at=("epoch", 1), depth=3) as dl:
