@@ -182,3 +182,194 @@ def mark_item(ArenaMap arena, Py_ssize_t offset, int64_t task, int64_t position)
 def monotonic_ns():
     """CLOCK_MONOTONIC in nanoseconds: the clock :func:`heartbeat` and :func:`mark_item` use."""
     return _now_ns()
+
+
+# -- tar header scanning -------------------------------------------------------------------------
+
+cdef enum:
+    TAR_BLOCK = 512
+    TAR_OK = 0
+    TAR_BAD_CHECKSUM = 1
+    TAR_TRUNCATED = 2
+    TAR_BAD_NUMBER = 3
+    TAR_BAD_PAX = 4
+    TAR_FULL = 5
+
+
+cdef inline bint _tar_zero_block(const unsigned char* p) noexcept nogil:
+    cdef int i
+    for i in range(TAR_BLOCK):
+        if p[i] != 0:
+            return False
+    return True
+
+
+cdef inline int _tar_number(const unsigned char* p, int width, int64_t* out) noexcept nogil:
+    # Octal ASCII, or GNU base-256 when the top bit of the first byte is set.
+    cdef int64_t value = 0
+    cdef int i = 0
+    cdef unsigned char c
+    if p[0] & 0x80:
+        value = p[0] & 0x3F
+        for i in range(1, width):
+            value = (value << 8) | p[i]
+        out[0] = value
+        return TAR_OK
+    while i < width and (p[i] == 0x20 or p[i] == 0):
+        if p[i] == 0:
+            out[0] = 0
+            return TAR_OK
+        i += 1
+    while i < width:
+        c = p[i]
+        if c == 0 or c == 0x20:
+            break
+        if c < 0x30 or c > 0x37:
+            return TAR_BAD_NUMBER
+        value = value * 8 + (c - 0x30)
+        i += 1
+    out[0] = value
+    return TAR_OK
+
+
+cdef inline bint _tar_checksum_ok(const unsigned char* p, int64_t stored) noexcept nogil:
+    cdef int64_t unsigned_sum = 0
+    cdef int64_t signed_sum = 0
+    cdef int i
+    for i in range(TAR_BLOCK):
+        if 148 <= i < 156:
+            unsigned_sum += 0x20
+            signed_sum += 0x20
+        else:
+            unsigned_sum += p[i]
+            signed_sum += <signed char>p[i]
+    return stored == unsigned_sum or stored == signed_sum
+
+
+cdef inline Py_ssize_t _tar_strnlen(const unsigned char* p, Py_ssize_t width) noexcept nogil:
+    cdef Py_ssize_t n = 0
+    while n < width and p[n] != 0:
+        n += 1
+    return n
+
+
+cdef int _tar_pax(const unsigned char* p, Py_ssize_t length, Py_ssize_t base,
+                  int64_t* path_off, int64_t* path_len, int64_t* size) noexcept nogil:
+    # Records are "LEN key=value\n", LEN counting the whole record.
+    cdef Py_ssize_t pos = 0, rec, k, eq
+    while pos < length:
+        rec = 0
+        k = pos
+        while k < length and 0x30 <= p[k] <= 0x39:
+            rec = rec * 10 + (p[k] - 0x30)
+            k += 1
+        if rec == 0:
+            if _tar_strnlen(p + pos, length - pos) == 0:
+                return TAR_OK  # NUL padding at the end
+            return TAR_BAD_PAX
+        if k >= length or p[k] != 0x20 or pos + rec > length or p[pos + rec - 1] != 0x0A:
+            return TAR_BAD_PAX
+        k += 1
+        eq = k
+        while eq < pos + rec and p[eq] != 0x3D:
+            eq += 1
+        if eq >= pos + rec:
+            return TAR_BAD_PAX
+        if eq - k == 4 and p[k] == 0x70 and p[k + 1] == 0x61 and p[k + 2] == 0x74 and p[k + 3] == 0x68:  # path
+            path_off[0] = base + eq + 1
+            path_len[0] = pos + rec - 1 - (eq + 1)
+        elif eq - k == 4 and p[k] == 0x73 and p[k + 1] == 0x69 and p[k + 2] == 0x7A and p[k + 3] == 0x65:  # size
+            size[0] = 0
+            k = eq + 1
+            while k < pos + rec - 1:
+                if p[k] < 0x30 or p[k] > 0x39:
+                    return TAR_BAD_PAX
+                size[0] = size[0] * 10 + (p[k] - 0x30)
+                k += 1
+        pos += rec
+    return TAR_OK
+
+
+def scan_tar(const unsigned char[::1] data, int64_t[:, ::1] out):
+    """Scan the headers of the tar archive in ``data``; never read a member's payload.
+
+    One row of ``out`` per regular file, in archive order: header offset, payload offset, payload
+    size, then where the name is: prefix offset and length (ustar ``prefix``, else 0, 0) and name
+    offset and length (the header's ``name``, or the GNU ``L`` or pax ``path`` record that
+    replaced it). Returns ``(rows, status, offset)``: status 0 when the archive ended with its
+    end-of-archive zero block, else an error code and the byte offset of the offending header
+    (1 bad checksum, 2 truncated or no end-of-archive block, 3 bad number field, 4 bad pax
+    record, 5 ``out`` is full).
+    """
+    cdef Py_ssize_t n = data.shape[0]
+    cdef Py_ssize_t capacity = out.shape[0]
+    cdef Py_ssize_t pos = 0, rows = 0, payload, name_len, prefix_len
+    cdef const unsigned char* base = &data[0] if n else NULL
+    cdef const unsigned char* h
+    cdef int64_t size, stored, long_off = -1, long_len = 0, pax_off = -1, pax_len = 0, pax_size = -1
+    cdef int status = TAR_OK
+    cdef unsigned char kind
+    cdef bint ustar
+    if out.shape[1] < 7:
+        raise ValueError(f"out must have 7 columns, has {out.shape[1]}")
+    with nogil:
+        while True:
+            if pos + TAR_BLOCK > n:  # also no end-of-archive block at all: a cut-off shard
+                status = TAR_TRUNCATED
+                break
+            h = base + pos
+            if _tar_zero_block(h):
+                break
+            if _tar_number(h + 148, 8, &stored) != TAR_OK or not _tar_checksum_ok(h, stored):
+                status = TAR_BAD_CHECKSUM
+                break
+            if _tar_number(h + 124, 12, &size) != TAR_OK:
+                status = TAR_BAD_NUMBER
+                break
+            kind = h[156]
+            if pax_size >= 0 and kind != 0x78:
+                size = pax_size
+            payload = pos + TAR_BLOCK
+            if payload + size > n:
+                status = TAR_TRUNCATED
+                break
+            if kind == 0x4C:  # GNU long name for the next member
+                long_off = payload
+                long_len = _tar_strnlen(base + payload, size)
+            elif kind == 0x78:  # pax header for the next member
+                status = _tar_pax(base + payload, size, payload, &pax_off, &pax_len, &pax_size)
+                if status != TAR_OK:
+                    break
+            elif kind == 0x67 or kind == 0x4B:  # pax global header, GNU long link name: not names of files
+                pass
+            else:
+                if kind == 0x30 or kind == 0 or kind == 0x37:
+                    if rows == capacity:
+                        status = TAR_FULL
+                        break
+                    out[rows, 0] = pos
+                    out[rows, 1] = payload
+                    out[rows, 2] = size
+                    ustar = h[257] == 0x75 and h[258] == 0x73 and h[259] == 0x74 and h[260] == 0x61 and h[261] == 0x72 and h[262] == 0
+                    if pax_off >= 0:
+                        out[rows, 3] = 0
+                        out[rows, 4] = 0
+                        out[rows, 5] = pax_off
+                        out[rows, 6] = pax_len
+                    elif long_off >= 0:
+                        out[rows, 3] = 0
+                        out[rows, 4] = 0
+                        out[rows, 5] = long_off
+                        out[rows, 6] = long_len
+                    else:
+                        prefix_len = _tar_strnlen(h + 345, 155) if ustar else 0
+                        out[rows, 3] = pos + 345 if prefix_len else 0
+                        out[rows, 4] = prefix_len
+                        out[rows, 5] = pos
+                        out[rows, 6] = _tar_strnlen(h, 100)
+                    rows += 1
+                long_off = -1
+                pax_off = -1
+                pax_size = -1
+            pos = payload + ((size + TAR_BLOCK - 1) // TAR_BLOCK) * TAR_BLOCK
+    return rows, status, pos

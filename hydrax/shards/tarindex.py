@@ -1,0 +1,91 @@
+"""The index of one tar shard: its regular members, and the samples they form.
+
+:func:`scan_members` reads only the 512-byte headers (through the ``scan_tar`` kernel of
+``_core.pyx``), understanding ustar ``prefix`` names, GNU ``L`` long names and pax ``path`` (and
+``size``) records, and verifying every header checksum. :func:`group_samples` applies the
+WebDataset rules: the key is the member path up to the first dot of its basename, the field is the
+rest, lower-cased; consecutive members with one key form a sample; metadata members (``__…__``)
+are skipped; a field may appear once per sample.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _core
+
+_MESSAGES = {
+    1: "bad header checksum (the shard is corrupt; rewrite or re-download it)",
+    2: "the shard ends inside a member or has no end-of-archive block (it is truncated; re-download or rewrite it)",
+    3: "a header number field is not octal (the shard is corrupt; rewrite or re-download it)",
+    4: "a pax extended header record is malformed (the shard is corrupt; rewrite it)",
+}
+# WebDataset's split of a member path: a key (directory part plus a run of non-dots) and the rest.
+_KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)
+
+
+class ShardFormatError(ValueError):
+    """A shard that is not a valid tar archive, or breaks the WebDataset sample rules."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A regular file in a shard: its path and where its bytes are."""
+
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass
+class Sample:
+    """Consecutive members sharing a key: ``fields`` maps each field to (offset, size)."""
+
+    key: str
+    fields: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def scan_members(data, url: str = "<buffer>") -> list[Member]:
+    """The regular members of the tar archive in ``data`` (bytes, mmap, memoryview), in order."""
+    view = memoryview(data).cast("B")
+    rows = np.empty((len(view) // 512 + 1, 7), np.int64)
+    count, status, offset = _core.scan_tar(view, rows)
+    if status:
+        raise ShardFormatError(f"{url}: at byte offset {offset}: {_MESSAGES.get(status, f'scan error {status}')}")
+    members = []
+    for _header, payload, size, prefix_at, prefix_len, name_at, name_len in rows[:count].tolist():
+        name = bytes(view[name_at : name_at + name_len])
+        if prefix_len:
+            name = bytes(view[prefix_at : prefix_at + prefix_len]) + b"/" + name
+        members.append(Member(name.decode("utf-8", "surrogateescape"), payload, size))
+    return members
+
+
+def _is_metadata(name: str) -> bool:
+    first = name.split("/", 1)[0]
+    return len(first) > 4 and first.startswith("__") and first.endswith("__")
+
+
+def group_samples(members: list[Member], url: str = "<buffer>") -> list[Sample]:
+    """Group members into samples by the WebDataset rules (see the module docstring)."""
+    samples: list[Sample] = []
+    for member in members:
+        if _is_metadata(member.name):
+            continue
+        match = _KEY_FIELD.match(member.name)
+        if match is None:
+            continue
+        key, suffix = match.group(1), match.group(2).lower()
+        if not samples or samples[-1].key != key:
+            samples.append(Sample(key))
+        sample = samples[-1]
+        if suffix in sample.fields:
+            raise ShardFormatError(
+                f"{url}: at byte offset {member.offset}: sample {key!r} has field {suffix!r} twice "
+                "(members of one sample must have distinct extensions; rename or rewrite the shard)"
+            )
+        sample.fields[suffix] = (member.offset, member.size)
+    return samples
