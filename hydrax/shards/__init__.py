@@ -1,9 +1,10 @@
-"""WebDataset-style tar shards as a data source (in progress: the tar index and index files)."""
+"""WebDataset-style tar shards as a data source (in progress: local shards so far)."""
 
 from .indexfile import ShardIndex, build_index, index_path, open_index, read_wids_descriptor
+from .shardset import SampleRef, ShardSet, expand_urls
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 
 __all__ = [
-    "Member", "Sample", "ShardFormatError", "ShardIndex",
-    "build_index", "group_samples", "index_path", "open_index", "read_wids_descriptor", "scan_members",
+    "Member", "Sample", "SampleRef", "ShardFormatError", "ShardIndex", "ShardSet",
+    "build_index", "expand_urls", "group_samples", "index_path", "open_index", "read_wids_descriptor", "scan_members",
 ]

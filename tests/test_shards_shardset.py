@@ -1,0 +1,85 @@
+"""ShardSet: local shards as a DataGroup's data, read zero-copy in the workers."""
+
+import os
+import pickle
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hydrax import Dataloader, DataGroup
+from hydrax.shards import SampleRef, ShardSet, expand_urls
+
+
+@pytest.fixture
+def shards(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    for s in range(3):
+        with wds.TarWriter(str(tmp_path / f"train-{s:04d}.tar")) as sink:
+            for i in range(10 + s):  # uneven shards
+                n = s * 100 + i
+                sink.write({"__key__": f"k{n:05d}", "cls": str(n).encode(), "bin": np.full(8, n, np.int32).tobytes()})
+    return tmp_path
+
+
+def load_shard_sample(sample, arrays, seed):
+    arrays["cls"][...] = int(bytes(sample["cls"]))
+    arrays["bin"][:] = np.frombuffer(sample["bin"], np.int32)
+    return {"key": sample["__key__"], "url": os.path.basename(sample["__url__"])}
+
+
+def test_urls_expand_from_braces_globs_and_file_urls(shards):
+    brace = expand_urls(f"{shards}/train-{{0000..0002}}.tar")
+    assert brace == [f"{shards}/train-{s:04d}.tar" for s in range(3)]
+    assert expand_urls(f"file://{shards}/train-*.tar") == brace
+    assert expand_urls([brace[2], brace[0]]) == [brace[2], brace[0]]
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        expand_urls(f"{shards}/nothing-*.tar")
+    with pytest.raises(NotImplementedError, match="s3:// scheme is not supported yet"):
+        expand_urls("s3://bucket/train-0000.tar")
+
+
+def test_a_shardset_is_a_sequence_of_samples_equal_to_webdataset(shards):
+    wds = pytest.importorskip("webdataset")
+    dataset = ShardSet(f"{shards}/train-{{0000..0002}}.tar")
+    assert len(dataset) == 33 and dataset.shard_sizes() == [10, 11, 12]
+    theirs = list(wds.WebDataset(f"{shards}/train-{{0000..0002}}.tar", shardshuffle=False))
+    for ours, sample in zip(dataset, theirs):
+        assert isinstance(ours, SampleRef)
+        assert ours.key == ours["__key__"] == sample["__key__"]
+        assert ours.url == ours["__url__"] == sample["__url__"]
+        assert {f: bytes(ours[f]) for f in ours} == {f: sample[f] for f in ("cls", "bin")}
+    assert isinstance(dataset[5]["bin"], memoryview)  # zero-copy view of the mapped shard
+    assert dataset[-1].key == "k00211" and [s.key for s in dataset[9:11]] == ["k00009", "k00100"]
+    with pytest.raises(KeyError, match="has no field 'jpg'"):
+        dataset[0]["jpg"]
+    with pytest.raises(IndexError):
+        dataset[33]
+    assert sorted(os.listdir(shards)) == sorted([f"train-{s:04d}.tar" for s in range(3)] + [f"train-{s:04d}.tar.hidx" for s in range(3)])
+
+
+def test_a_shardset_pickles_without_its_mappings(shards):
+    dataset = ShardSet(f"{shards}/train-*.tar")
+    bytes(dataset[3]["cls"])
+    again = pickle.loads(pickle.dumps(dataset))
+    assert again._maps == {} and bytes(again[3]["cls"]) == b"3"
+
+
+def test_a_missing_shard_is_named(shards):
+    with pytest.raises(FileNotFoundError, match="shard '.*train-0009.tar' does not exist"):
+        ShardSet([f"{shards}/train-0000.tar", f"{shards}/train-0009.tar"])
+
+
+def test_a_datagroup_over_shards_loads_through_workers(shards):
+    dataset = ShardSet(f"{shards}/train-{{0000..0002}}.tar")
+    group = DataGroup(4, dataset, loader_arrays={"cls": ((), np.int32, jnp.int32), "bin": ((8,), np.int32, jnp.int32)}, seed=3)
+    seen = []
+    with Dataloader(load_shard_sample, group, loader_count=2, end_at=("epoch", 2)) as loader:
+        for batch in loader:
+            cls = np.asarray(batch.arrays["cls"]).tolist()
+            assert cls == [int(bytes(dataset[i]["cls"])) for i in batch.indices]
+            assert (np.asarray(batch.arrays["bin"]) == np.array(cls)[:, None]).all()
+            assert batch.get_additional("key") == [dataset[i].key for i in batch.indices]
+            seen += cls
+            del batch
+    assert len(seen) == 2 * 8 * 4 and len(set(seen)) > 20
