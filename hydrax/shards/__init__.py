@@ -3,8 +3,9 @@
 from .indexfile import ShardIndex, build_index, index_path, open_index, read_wids_descriptor
 from .shardset import SampleRef, ShardSet, expand_urls
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
+from .writer import ShardWriter
 
 __all__ = [
-    "Member", "Sample", "SampleRef", "ShardFormatError", "ShardIndex", "ShardSet",
+    "Member", "Sample", "SampleRef", "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter",
     "build_index", "expand_urls", "group_samples", "index_path", "open_index", "read_wids_descriptor", "scan_members",
 ]
