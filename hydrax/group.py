@@ -28,7 +28,7 @@ ArrayLayout = tuple[tuple[int, ...], np.dtype, Any, int, int]
 #: Byte alignment of every array in a batch slot (XLA:CPU aliases 64-byte aligned host memory).
 ALIGNMENT = 64
 
-_SHUFFLE_LATER = ("default", "repeat", "reseed", "itemwise", "batchwise")
+_SHUFFLE_LATER = ("default", "repeat", "reseed", "itemwise", "batchwise", "shardwise")
 
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
@@ -90,6 +90,10 @@ class DataGroup(Sequence[D], Generic[D]):
     :param shuffle_later: what changes on each later epoch: ``"repeat"`` (nothing), ``"reseed"``
         (seeds only), ``"itemwise"`` (a new item permutation and new seeds), ``"batchwise"`` (the
         order of fixed batches), or ``"default"`` (itemwise without a cache, batchwise with one).
+        hydrax extension: ``"shardwise"`` for a :class:`hydrax.shards.ShardSet`: every epoch
+        permutes the shards and mixes items within runs of ``shard_window`` shards, so reads stay
+        local (see :func:`hydrax.schedule.shardwise_order`).
+    :param shard_window: shards whose items mix, with ``"shardwise"``.
     """
 
     def __init__(
@@ -104,11 +108,15 @@ class DataGroup(Sequence[D], Generic[D]):
         seed: int = 0,
         shuffle_first: bool = False,
         shuffle_later: str = "default",
+        shard_window: int = 4,
     ) -> None:
         if type(self) is not DataGroup:
             warnings.warn(f"{type(self).__name__} derives from hydrax.DataGroup. This is not supported.", SyntaxWarning, stacklevel=2)
         if shuffle_later not in _SHUFFLE_LATER:
-            raise ValueError("shuffle_later must be 'default', 'repeat', 'reseed', 'itemwise', or 'batchwise'")
+            raise ValueError(
+                "shuffle_later must be 'default', 'repeat', 'reseed', 'itemwise', or 'batchwise'"
+                " (or 'shardwise', for data that knows its shards such as a hydrax.shards.ShardSet)"
+            )
         if isinstance(data, Sequence):
             self._data = data
         elif isinstance(data, Iterable):
@@ -136,6 +144,15 @@ class DataGroup(Sequence[D], Generic[D]):
         self._seed = int(seed)
         self._shuffle_first = bool(shuffle_first)
         self._shuffle_later = "itemwise" if shuffle_later == "default" else shuffle_later
+        self._shard_sizes: tuple[int, ...] = ()
+        self._shard_window = int(shard_window)
+        if shuffle_later == "shardwise":
+            sizes = getattr(self._data, "shard_sizes", None)
+            if sizes is None:
+                raise ValueError("shuffle_later='shardwise' needs data that knows its shards (a hydrax.shards.ShardSet)")
+            if self._shard_window < 1:
+                raise ValueError(f"shard_window must be at least 1, got {shard_window}")
+            self._shard_sizes = tuple(int(n) for n in sizes())
         layouts, size = compute_layouts(self._batch_size, loader_arrays)
         watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
         self._loader_layouts = MappingProxyType(layouts)
@@ -206,6 +223,8 @@ class DataGroup(Sequence[D], Generic[D]):
             seed=self._seed,
             shuffle_first=self._shuffle_first,
             shuffle_later=self._shuffle_later,
+            shard_sizes=self._shard_sizes,
+            shard_window=self._shard_window,
         )
 
     def __repr__(self) -> str:

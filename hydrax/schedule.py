@@ -17,7 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
-SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise")
+SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise", "shardwise")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class GroupPlan:
     seed: int
     shuffle_first: bool
     shuffle_later: str
+    #: ``shardwise`` only: samples per shard, and how many consecutive shards mix their items.
+    shard_sizes: tuple[int, ...] = ()
+    shard_window: int = 4
 
 
 @lru_cache(maxsize=64)
@@ -44,8 +47,35 @@ def permutation(seed: int, n: int) -> np.ndarray:
     return _permutation_cached(int(seed), int(n))
 
 
+def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window: int) -> np.ndarray:
+    """The item order of a sharded group in ``epoch``: reads stay within a few shards at a time.
+
+    The shards are permuted with ``perm(seed + epoch, shards)``; then the items of each run of
+    ``window`` consecutive shards (in that order) are permuted among themselves, with a generator
+    seeded by (seed, epoch, run). Every epoch, epoch 0 included, is shuffled; the result depends on
+    nothing but its arguments, so it is the same for any number of workers or hosts.
+    """
+    sizes = np.asarray(shard_sizes, np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    shards = permutation(seed + epoch, len(sizes))
+    pieces = []
+    for run, first in enumerate(range(0, len(shards), window)):
+        chosen = shards[first : first + window]
+        items = np.concatenate([np.arange(starts[s], starts[s] + sizes[s], dtype=np.int64) for s in chosen])
+        rng = np.random.Generator(np.random.PCG64([seed, epoch, run]))
+        pieces.append(items[rng.permutation(len(items))])
+    order = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+    order.setflags(write=False)
+    return order
+
+
+_shardwise_cached = lru_cache(maxsize=8)(shardwise_order)
+
+
 def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
     """The item permutation a training group uses in ``epoch`` (None means the identity)."""
+    if plan.shuffle_later == "shardwise":
+        return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
     if plan.shuffle_later == "itemwise" and epoch > 0:
         return permutation(plan.seed + epoch, plan.size)
     if plan.shuffle_first:
@@ -68,13 +98,28 @@ def batch_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
 def batch_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:
     """Seed of item 0 of training batch ``group_index``; item k gets ``batch_seed + k``.
 
-    ``reseed`` and ``itemwise`` move the seeds on every epoch; ``repeat`` and ``batchwise`` tie
-    them to the batch identity.
+    ``reseed``, ``itemwise`` and ``shardwise`` move the seeds on every epoch; ``repeat`` and
+    ``batchwise`` tie them to the batch identity.
     """
     bs = plan.batch_size
-    if plan.shuffle_later in ("reseed", "itemwise"):
+    if plan.shuffle_later in ("reseed", "itemwise", "shardwise"):
         return plan.seed + epoch * plan.batch_count * bs + group_index * bs
     return plan.seed + group_index * bs
+
+
+def host_positions(batch_size: int, process_index: int, process_count: int) -> range:
+    """The positions of a global batch that process ``process_index`` of ``process_count`` loads.
+
+    Every process gets an equal, contiguous share of every global batch, so all processes run
+    out of batches together however uneven the shards are, and the global sequence of items does
+    not depend on the number of processes.
+    """
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index must be in [0, {process_count}), got {process_index}")
+    if batch_size % process_count:
+        raise ValueError(f"the global batch size {batch_size} must be a multiple of the process count {process_count}")
+    share = batch_size // process_count
+    return range(process_index * share, (process_index + 1) * share)
 
 
 def batch_items(order: np.ndarray | None, batch_size: int, group_index: int) -> Sequence[int]:
