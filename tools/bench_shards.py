@@ -2,11 +2,18 @@
 
     python tools/bench_shards.py [--samples 20000] [--payload 4096] [--repeat 5]
 
-Writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payload`` bytes and a
+Part 1 writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payload`` bytes and a
 ``.cls``), then times, alternately, ``tarfile`` listing its members and hydrax scanning the
-headers (``hydrax.shards.scan_members``) and grouping samples, from the page cache. Prints
-samples/s, MB/s of shard, and the ratio. (Sample read rates, S3 and end-to-end rates come with
-the rest of the shard backend.)
+headers (``hydrax.shards.scan_members``) and grouping samples, from the page cache.
+
+Part 2 reads every sample's fields from a ShardSet (in order, and in a random order) and reports
+samples/s and MB/s.
+
+Part 3 (``--jpegs N``, default 2048) writes N generated 320x320 q90 JPEGs into 8 shards and
+times, end to end, the ``webdataset`` package iterating them with a Pillow decode (draft mode,
+center crop 256x256; webdataset parallelises only through a torch DataLoader, so it runs in
+one process here) against a hydrax DataGroup over a ShardSet with the same decode, with 1 and 2
+loader processes. (S3 rates come with the S3 backend.)
 """
 
 from __future__ import annotations
@@ -43,13 +50,96 @@ def with_hydrax(path: str) -> int:
         return len(group_samples(scan_members(mapped, path)))
 
 
+def read_rates(path: str, repeat: int) -> list[tuple[str, float, float]]:
+    import random
+
+    from hydrax.shards import ShardSet
+
+    dataset = ShardSet(path)
+    order = list(range(len(dataset)))
+    rows = []
+    for name, indices in (("in order", order), ("random order", random.Random(0).sample(order, len(order)))):
+        best = None
+        for _ in range(repeat):
+            started = time.perf_counter()
+            total = 0
+            for i in indices:
+                sample = dataset[i]
+                for field in sample:
+                    total += len(sample[field])
+            elapsed = time.perf_counter() - started
+            best = elapsed if best is None else min(best, elapsed)
+        rows.append((name, len(indices) / best, total / 1e6 / best))
+    return rows
+
+
+def decode(data):
+    import numpy as np
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image.draft("RGB", (256, 256))
+    image = image.convert("RGB")
+    left, top = (image.width - 256) // 2, (image.height - 256) // 2
+    return np.asarray(image.crop((left, top, left + 256, top + 256)))
+
+
+def load_jpeg(sample, arrays, seed):
+    arrays["image"][...] = decode(bytes(sample["jpg"]))
+
+
+def write_jpeg_shards(folder: str, count: int) -> str:
+    import numpy as np
+    from PIL import Image
+
+    from hydrax.shards import ShardWriter
+
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 255, (count, 10, 10, 3), dtype=np.uint8)
+    with ShardWriter(os.path.join(folder, "img-%02d.tar"), maxcount=-(-count // 8)) as writer:
+        for i in range(count):
+            buffer = io.BytesIO()
+            Image.fromarray(small[i]).resize((320, 320), Image.BICUBIC).save(buffer, "JPEG", quality=90)
+            writer.write({"__key__": f"img{i:06d}", "jpg": buffer.getvalue(), "cls": str(i % 10)})
+    return os.path.join(folder, "img-{00..07}.tar")
+
+
+def end_to_end(pattern: str, count: int) -> list[tuple[str, float]]:
+    import jax.numpy as jnp
+    import numpy as np
+    import webdataset as wds
+
+    from hydrax import DataGroup, Dataloader
+    from hydrax.shards import ShardSet
+
+    rows = []
+    started = time.perf_counter()
+    seen = 0
+    for sample in wds.WebDataset(pattern, shardshuffle=False):
+        decode(sample["jpg"])
+        seen += 1
+    rows.append(("webdataset, 1 process", seen / (time.perf_counter() - started)))
+    dataset = ShardSet(pattern)
+    for workers in (1, 2):
+        group = DataGroup(64, dataset, loader_arrays={"image": ((256, 256, 3), np.uint8, jnp.uint8)}, shuffle_later="repeat")
+        started = time.perf_counter()
+        with Dataloader(load_jpeg, group, loader_count=workers, end_at=("epoch", 1)) as loader:
+            seen = 0
+            for batch in loader:
+                seen += len(batch)
+                del batch
+        rows.append((f"hydrax, {workers} loader process{'es' if workers > 1 else ''}", seen / (time.perf_counter() - started)))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--payload", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--jpegs", type=int, default=2048, help="samples for the end-to-end part (0 skips it)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder:  # everything written here goes when done
         path = os.path.join(folder, "shard-000000.tar")
         write_shard(path, args.samples, args.payload)
         size = os.path.getsize(path)
@@ -59,12 +149,23 @@ def main() -> None:
                 started = time.perf_counter()
                 func(path)
                 times[name].append(time.perf_counter() - started)
+            reads = read_rates(path, args.repeat)
+        if args.jpegs:
+            jpeg_rows = end_to_end(write_jpeg_shards(folder, args.jpegs), args.jpegs)
     print(f"shard: {args.samples} samples, {2 * args.samples} members, {size / 1e6:.1f} MB; medians of {args.repeat}")
     print(f"{'indexer':8} | {'samples/s':>12} | {'MB/s':>9} | {'vs tarfile':>10}")
     base = statistics.median(times["tarfile"])
     for name, runs in times.items():
         t = statistics.median(runs)
         print(f"{name:8} | {args.samples / t:12,.0f} | {size / 1e6 / t:9,.0f} | {base / t:10.1f}")
+    print("\nreading every field of every sample from the local shard (best of the repeats):")
+    for name, rate, mbps in reads:
+        print(f"  {name:13} {rate:12,.0f} samples/s {mbps:9,.0f} MB/s")
+    if args.jpegs:
+        print(f"\nend to end, {args.jpegs} JPEG samples in 8 shards, decode + crop to 256x256:")
+        reference = jpeg_rows[0][1]
+        for name, rate in jpeg_rows:
+            print(f"  {name:26} {rate:9,.0f} items/s {rate / reference:6.2f}x")
 
 
 if __name__ == "__main__":
