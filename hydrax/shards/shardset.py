@@ -4,13 +4,16 @@
 shard once (reading ``<shard>.hidx`` beside it, or building and writing it), then behaves as a
 sequence of light :class:`SampleRef` s. In a worker, ``sample["jpg"]`` is a zero-copy
 ``memoryview`` of that field's bytes in the shard, mapped once per process; nothing is opened or
-pickled per item. Local paths, ``file://`` URLs, globs and brace ranges are understood; object
-stores come later.
+pickled per item. Local paths, ``file://`` URLs, globs and brace ranges are understood, and so
+are ``s3://bucket/key`` URLs: their indexes are built from one GET of each shard and kept in a
+local cache (never written into the bucket), and each field is one ranged GET over a client
+reused by the process.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import mmap
 import os
 from collections.abc import Mapping, Sequence
@@ -18,11 +21,18 @@ from typing import Iterator
 
 import numpy as np
 
+from . import s3
 from .indexfile import ShardIndex, open_index
-from .tarindex import ShardFormatError
+from .s3 import S3Options
+from .tarindex import ShardFormatError, group_samples, scan_members
 
 
-def expand_urls(urls: str | Sequence[str]) -> list[str]:
+def default_cache_dir() -> str:
+    """Where indexes of remote shards are kept: ``$HYDRAX_CACHE``, else ``~/.cache/hydrax``."""
+    return os.environ.get("HYDRAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hydrax")
+
+
+def expand_urls(urls: str | Sequence[str], s3_options: S3Options | None = None) -> list[str]:
     """Shard URLs from brace ranges (``train-{0000..0099}.tar``), globs and lists, in order."""
     from braceexpand import braceexpand
 
@@ -32,9 +42,18 @@ def expand_urls(urls: str | Sequence[str]) -> list[str]:
     for spec in urls:
         for url in braceexpand(os.fspath(spec)):
             path = url[len("file://"):] if url.startswith("file://") else url
+            if path.startswith("s3://"):
+                if glob.has_magic(path):
+                    matches = s3.glob(path, s3_options or S3Options())
+                    if not matches:
+                        raise FileNotFoundError(f"shard pattern {url!r} matches no object")
+                    expanded.extend(matches)
+                else:
+                    expanded.append(path)
+                continue
             if "://" in path:
                 scheme = path.split("://", 1)[0]
-                raise NotImplementedError(f"shard URL {url!r}: the {scheme}:// scheme is not supported yet; use local paths")
+                raise NotImplementedError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; use local paths or s3://")
             if glob.has_magic(path):
                 matches = sorted(glob.glob(path))
                 if not matches:
@@ -50,15 +69,25 @@ def expand_urls(urls: str | Sequence[str]) -> list[str]:
 class ShardSet(Sequence["SampleRef"]):
     """The samples of the tar shards ``urls``, in shard order.
 
-    :param urls: a path, ``file://`` URL, glob or brace pattern, or a list of them.
-    :param write_index: write a missing ``<shard>.hidx`` index beside each shard (else only build
-        it in memory).
+    :param urls: a path, ``file://`` or ``s3://`` URL, glob or brace pattern, or a list of them.
+    :param write_index: write a missing index: ``<shard>.hidx`` beside a local shard, or into
+        ``cache_dir`` for a remote one (else only build it in memory).
+    :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
+        configuration).
+    :param cache_dir: where indexes of remote shards are kept (default :func:`default_cache_dir`).
     """
 
-    def __init__(self, urls: str | Sequence[str], *, write_index: bool = True) -> None:
-        self.urls = expand_urls(urls)
+    def __init__(self, urls: str | Sequence[str], *, write_index: bool = True, s3: S3Options | None = None,
+                 cache_dir: str | None = None) -> None:
+        self.s3 = s3 or S3Options()
+        self.urls = expand_urls(urls, self.s3)
+        self._remote = [url.startswith("s3://") for url in self.urls]
+        cache = cache_dir or default_cache_dir()
         indexes = []
-        for url in self.urls:
+        for url, remote in zip(self.urls, self._remote):
+            if remote:
+                indexes.append(_remote_index(url, self.s3, cache, write_index))
+                continue
             if not os.path.exists(url):
                 raise FileNotFoundError(f"shard {url!r} does not exist (check the path or pattern)")
             indexes.append(open_index(url, write=write_index))
@@ -86,6 +115,8 @@ class ShardSet(Sequence["SampleRef"]):
         return np.diff(self._starts).tolist()
 
     def _read(self, shard: int, offset: int, size: int) -> memoryview:
+        if self._remote[shard]:
+            return memoryview(s3.fetch(self.urls[shard], self.s3, offset, size))
         mapping = self._maps.get(shard)
         if mapping is None:
             url = self.urls[shard]
@@ -103,6 +134,25 @@ class ShardSet(Sequence["SampleRef"]):
 
     def __repr__(self) -> str:
         return f"ShardSet({len(self.urls)} shards, {len(self)} samples)"
+
+
+def _remote_index(url: str, options: S3Options, cache: str, write: bool) -> ShardIndex:
+    """The index of a remote shard: from the local cache while the object is unchanged, else
+    built from one GET of the whole object."""
+    size, mtime_ns = s3.head(url, options)
+    path = os.path.join(cache, "index", hashlib.sha256(url.encode()).hexdigest()[:32] + ".hidx")
+    try:
+        index = ShardIndex.load(path)
+        if (index.shard_size, index.shard_mtime_ns) == (size, mtime_ns):
+            return index
+    except (FileNotFoundError, ShardFormatError):
+        pass
+    data = s3.fetch(url, options)
+    index = ShardIndex.from_samples(group_samples(scan_members(data, url), url), size, mtime_ns)
+    if write:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        index.save(path)
+    return index
 
 
 class SampleRef(Mapping[str, memoryview]):

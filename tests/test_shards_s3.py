@@ -1,0 +1,87 @@
+"""Shards in S3, through a real S3-protocol server (moto's) on 127.0.0.1, started by the tests."""
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hydrax import Dataloader, DataGroup
+from hydrax.shards import S3Options, ShardFormatError, ShardSet, ShardWriter
+
+KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+
+
+@pytest.fixture
+def server():
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    instance = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    instance.start()
+    try:
+        endpoint = f"http://127.0.0.1:{instance._server.server_port}"
+        options = S3Options(endpoint_url=endpoint, **KEYS)
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="data")
+        yield options, client
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def s3_shards(server, tmp_path):
+    options, client = server
+    with ShardWriter(str(tmp_path / "train-%02d.tar"), maxcount=9, index=False) as writer:
+        for i in range(30):
+            writer.write({"__key__": f"k{i:03d}", "cls": str(i), "bin": np.full(4, i, np.int32).tobytes()})
+    for path in writer.paths:
+        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
+    return options, client, writer.paths
+
+
+def load_s3_sample(sample, arrays, seed):
+    arrays["cls"][...] = int(bytes(sample["cls"]))
+    arrays["bin"][:] = np.frombuffer(sample["bin"], np.int32)
+
+
+def test_s3_shards_read_like_local_ones(s3_shards, tmp_path):
+    options, client, paths = s3_shards
+    remote = ShardSet("s3://data/shards/train-{00..03}.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    local = ShardSet(paths)
+    assert len(remote) == len(local) == 30 and remote.shard_sizes() == [9, 9, 9, 3]
+    for a, b in zip(remote, local):
+        assert a.key == b.key and a.fields == b.fields
+        assert {f: bytes(a[f]) for f in a} == {f: bytes(b[f]) for f in b}
+    assert remote[0].url == "s3://data/shards/train-00.tar"
+    assert sorted(os.listdir(tmp_path / "cache" / "index")) and len(os.listdir(tmp_path / "cache" / "index")) == 4
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"]]
+    assert all(k.endswith(".tar") for k in keys)  # nothing written into the bucket
+    assert ShardSet("s3://data/shards/train-*.tar", s3=options, cache_dir=str(tmp_path / "cache")).urls == remote.urls
+
+
+def test_a_datagroup_over_s3_shards_loads_through_workers(s3_shards, tmp_path):
+    options, _, _ = s3_shards
+    dataset = ShardSet("s3://data/shards/train-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    group = DataGroup(5, dataset, loader_arrays={"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)})
+    seen = []
+    with Dataloader(load_s3_sample, group, loader_count=2, end_at=("epoch", 1)) as loader:
+        for batch in loader:
+            cls = np.asarray(batch.arrays["cls"]).tolist()
+            assert cls == [int(dataset[i].key[1:]) for i in batch.indices]
+            assert (np.asarray(batch.arrays["bin"]) == np.array(cls)[:, None]).all()
+            seen += cls
+            del batch
+    assert sorted(seen) == list(range(30))
+
+
+def test_missing_and_damaged_objects_are_named(s3_shards, tmp_path):
+    options, client, paths = s3_shards
+    with open(paths[0], "rb") as f:
+        client.put_object(Bucket="data", Key="bad.tar", Body=f.read()[:700])
+    with pytest.raises(ShardFormatError, match=r"s3://data/bad.tar: at byte offset \d+: .*truncated"):
+        ShardSet("s3://data/bad.tar", s3=options, cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="shard 's3://data/nothing.tar' does not exist"):
+        ShardSet("s3://data/nothing.tar", s3=options, cache_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="matches no object"):
+        ShardSet("s3://data/none-*.tar", s3=options, cache_dir=str(tmp_path))
