@@ -7,7 +7,8 @@ Part 1 writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payloa
 headers (``hydrax.shards.scan_members``) and grouping samples, from the page cache.
 
 Part 2 reads every sample's fields from a ShardSet (in order, and in a random order) and reports
-samples/s and MB/s.
+samples/s and MB/s; then the same for ``--s3-samples`` samples (default 1000) of the shard
+uploaded to a local S3-protocol server (moto's, on 127.0.0.1), one ranged GET per field.
 
 Part 3 (``--jpegs N``, default 2048) writes N generated 320x320 q90 JPEGs into 8 shards and
 times, end to end, the ``webdataset`` package iterating them with a Pillow decode (draft mode,
@@ -71,6 +72,41 @@ def read_rates(path: str, repeat: int) -> list[tuple[str, float, float]]:
             best = elapsed if best is None else min(best, elapsed)
         rows.append((name, len(indices) / best, total / 1e6 / best))
     return rows
+
+
+def s3_read_rate(path: str, samples: int) -> tuple[float, float, float]:
+    """(samples/s, MB/s, index build s) reading ``samples`` samples of ``path`` through local S3."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from hydrax.shards import S3Options, ShardSet
+
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server._server.server_port}"
+        options = S3Options(endpoint_url=endpoint, region="us-east-1", access_key_id="bench", secret_access_key="bench")
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench", aws_secret_access_key="bench")
+        client.create_bucket(Bucket="bench")
+        client.upload_file(path, "bench", "shard-000000.tar")
+        with tempfile.TemporaryDirectory() as cache:
+            started = time.perf_counter()
+            dataset = ShardSet("s3://bench/shard-000000.tar", s3=options, cache_dir=cache)
+            indexed = time.perf_counter() - started
+            started = time.perf_counter()
+            total = 0
+            for i in range(min(samples, len(dataset))):
+                sample = dataset[i]
+                for field in sample:
+                    total += len(sample[field])
+            elapsed = time.perf_counter() - started
+    finally:
+        server.stop()
+    count = min(samples, len(dataset))
+    return count / elapsed, total / 1e6 / elapsed, indexed
 
 
 def decode(data):
@@ -138,6 +174,7 @@ def main() -> None:
     parser.add_argument("--payload", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--jpegs", type=int, default=2048, help="samples for the end-to-end part (0 skips it)")
+    parser.add_argument("--s3-samples", type=int, default=1000, help="samples read through local S3 (0 skips it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:  # everything written here goes when done
         path = os.path.join(folder, "shard-000000.tar")
@@ -150,6 +187,7 @@ def main() -> None:
                 func(path)
                 times[name].append(time.perf_counter() - started)
             reads = read_rates(path, args.repeat)
+            remote = s3_read_rate(path, args.s3_samples) if args.s3_samples else None
         if args.jpegs:
             jpeg_rows = end_to_end(write_jpeg_shards(folder, args.jpegs), args.jpegs)
     print(f"shard: {args.samples} samples, {2 * args.samples} members, {size / 1e6:.1f} MB; medians of {args.repeat}")
@@ -161,6 +199,9 @@ def main() -> None:
     print("\nreading every field of every sample from the local shard (best of the repeats):")
     for name, rate, mbps in reads:
         print(f"  {name:13} {rate:12,.0f} samples/s {mbps:9,.0f} MB/s")
+    if remote:
+        rate, mbps, indexed = remote
+        print(f"  {'local S3':13} {rate:12,.0f} samples/s {mbps:9,.1f} MB/s (one ranged GET per field; index built from one GET in {indexed:.2f} s)")
     if args.jpegs:
         print(f"\nend to end, {args.jpegs} JPEG samples in 8 shards, decode + crop to 256x256:")
         reference = jpeg_rows[0][1]
