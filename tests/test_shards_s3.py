@@ -85,3 +85,17 @@ def test_missing_and_damaged_objects_are_named(s3_shards, tmp_path):
         ShardSet("s3://data/nothing.tar", s3=options, cache_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="matches no object"):
         ShardSet("s3://data/none-*.tar", s3=options, cache_dir=str(tmp_path))
+
+
+def test_an_unreachable_store_is_reported_after_bounded_retries(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = S3Options(endpoint_url=f"http://127.0.0.1:{port}", max_attempts=2, **KEYS)
+    started = time.monotonic()
+    with pytest.raises(OSError, match=r"shard 's3://data/train-00.tar': the request failed after retries"):
+        ShardSet("s3://data/train-00.tar", s3=options, cache_dir=str(tmp_path))
+    assert time.monotonic() - started < 30
