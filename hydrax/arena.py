@@ -23,6 +23,11 @@ STOP_WORD = 8
 ITEM_WORDS = 16  # task, position, start ns (see _core.mark_item)
 
 
+def status_line(worker: int) -> int:
+    """Byte offset of worker ``worker``'s status line (the status page opens the arena)."""
+    return worker * STATUS_STRIDE
+
+
 def _round_page(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
@@ -50,20 +55,15 @@ def _rebuild_fd(dup) -> FdHandle:
 class ArenaSpec:
     """What a worker needs to know of the arena, besides its fd: the size and where things are."""
 
-    def __init__(self, size: int, slot_offsets: list[int], status_offset: int) -> None:
+    def __init__(self, size: int, slot_offsets: list[int]) -> None:
         self.size = size
         self.slot_offsets = slot_offsets
-        self.status_offset = status_offset
 
     def map(self, fd: FdHandle) -> _core.ArenaMap:
         """Map the arena from ``fd`` in this process (the fd is closed afterwards; the mapping stays)."""
         mapping = _core.ArenaMap(fd.fd, self.size)
         os.close(fd.fd)
         return mapping
-
-    def worker_status(self, worker: int) -> int:
-        """Byte offset of worker ``worker``'s status line."""
-        return self.status_offset + worker * STATUS_STRIDE
 
 
 class Arena:
@@ -98,7 +98,7 @@ class Arena:
 
     def spec(self) -> ArenaSpec:
         """The picklable description of the arena's layout."""
-        return ArenaSpec(self.size, self.slot_offsets, 0)
+        return ArenaSpec(self.size, self.slot_offsets)
 
     def handle(self) -> FdHandle:
         """The arena's memfd, in a form that reaches worker processes."""
@@ -143,17 +143,17 @@ class Arena:
 
     def heartbeat(self, worker: int) -> int:
         """The worker's last heartbeat (monotonic ns), 0 before it started."""
-        return self.map.read_int64(worker * STATUS_STRIDE + HEARTBEAT_WORD)
+        return self.map.read_int64(status_line(worker) + HEARTBEAT_WORD)
 
     def current_item(self, worker: int) -> tuple[int, int, int]:
         """``(task id, position, start ns)`` of the item the worker started last."""
-        base = worker * STATUS_STRIDE + ITEM_WORDS
+        base = status_line(worker) + ITEM_WORDS
         return tuple(self.map.read_int64(base + 8 * i) for i in range(3))  # type: ignore[return-value]
 
     def stop_workers(self, workers: int) -> None:
         """Tell the workers to take no further task (and their heartbeat threads to end)."""
         for w in range(workers):
-            self.map.write_int64(w * STATUS_STRIDE + STOP_WORD, 1)
+            self.map.write_int64(status_line(w) + STOP_WORD, 1)
 
     def close(self) -> None:
         """Stop handing out slots. The mapping itself goes when the last view of it does."""

@@ -14,13 +14,12 @@ import gc
 import sys
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .group import ALIGNMENT
-
-PlacementFunc = Callable[..., dict]
+from .types import PlacementFunc
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import _core
-from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle
+from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation_item_order
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
@@ -229,7 +229,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         config = pickle.loads(config)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     memory = config.arena.map(arena)
-    status = config.arena.worker_status(index)
+    status = status_line(index)
     threading.Thread(target=_core.heartbeat, args=(memory, status, HEARTBEAT_PERIOD_US), name="hydrax-heartbeat", daemon=True).start()
     if config.loader_nice:
         try:
