@@ -44,7 +44,7 @@ class _BatchData(Sequence):
 class Batch(ABC, Generic[D]):
     """A batch of loaded data. Do not derive from or instantiate this class."""
 
-    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "__weakref__")
+    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "_layouts", "__weakref__")
 
     def __init__(
         self,
@@ -53,15 +53,18 @@ class Batch(ABC, Generic[D]):
         indices: Sequence[int],
         arrays: dict[str, jax.Array],
         additional: dict[str, list[Any]],
+        layouts: MappingProxyType[str, ArrayLayout],
     ) -> None:
         self._group = group
         self._group_index = group_index
         self._indices = indices
         self._arrays = MappingProxyType(arrays)
         self._additional = MappingProxyType(additional)
+        self._layouts = layouts
 
     def __len__(self) -> int:
-        return self._group.batch_size
+        # The group's batch size, or this process's share of it when several processes split batches.
+        return len(self._indices)
 
     @property
     def is_training(self) -> bool:
@@ -108,8 +111,9 @@ class Batch(ABC, Generic[D]):
 
     @property
     def layouts(self) -> MappingProxyType[str, ArrayLayout]:
-        """The memory layouts of the arrays (the group's ``loader_layouts``)."""
-        return self._group.loader_layouts
+        """The memory layouts of the arrays: the group's ``loader_layouts`` (for this process's
+        share of the batch when several processes split it, see ``Dataloader``)."""
+        return self._layouts
 
     @property
     def additional(self) -> MappingProxyType[str, list[Any]]:
@@ -150,8 +154,8 @@ class TrainingBatch(Batch[D]):
 
     __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seed")
 
-    def __init__(self, group, group_index, indices, arrays, additional, *, epoch: int, epoch_batch: int, batch_num: int, seed: int) -> None:
-        super().__init__(group, group_index, indices, arrays, additional)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, epoch: int, epoch_batch: int, batch_num: int, seed: int) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts)
         self._epoch = epoch
         self._epoch_batch = epoch_batch
         self._batch_num = batch_num
@@ -195,8 +199,8 @@ class ValidationBatch(Batch[D]):
 
     __slots__ = ("_validation_epoch", "_validation_epoch_batch", "_validation_batch_num")
 
-    def __init__(self, group, group_index, indices, arrays, additional, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
-        super().__init__(group, group_index, indices, arrays, additional)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts)
         self._validation_epoch = validation_epoch
         self._validation_epoch_batch = validation_epoch_batch
         self._validation_batch_num = validation_batch_num

@@ -155,6 +155,7 @@ class DataGroup(Sequence[D], Generic[D]):
             self._shard_sizes = tuple(int(n) for n in sizes())
         layouts, size = compute_layouts(self._batch_size, loader_arrays)
         watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
+        self._loader_arrays = dict(loader_arrays)
         self._loader_layouts = MappingProxyType(layouts)
         self._loader_size = size
 
@@ -214,6 +215,13 @@ class DataGroup(Sequence[D], Generic[D]):
     def shuffle_later(self) -> str:
         """The resolved per-epoch shuffle mode (``"default"`` already resolved)."""
         return self._shuffle_later
+
+    def _share_layouts(self, items: int) -> tuple[MappingProxyType[str, ArrayLayout], int]:
+        """Layouts and bytes of ``items`` items of a batch: one process's share of it."""
+        if items == self._batch_size:
+            return self._loader_layouts, self._loader_size
+        layouts, size = compute_layouts(items, self._loader_arrays)
+        return MappingProxyType(layouts), size
 
     def _plan(self) -> GroupPlan:
         return GroupPlan(

@@ -25,8 +25,8 @@ from .errors import BatchTimeoutError
 from .group import DataGroup
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
-from .schedule import Plan, iter_steps, normalise_start
-from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, start_method, warm_forkserver
+from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start
+from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, jax_backend_live, start_method, warm_forkserver
 
 D = TypeVar("D")
 
@@ -53,6 +53,38 @@ def _groups(value: Any, what: str) -> list[DataGroup]:
     if not groups:
         raise ValueError(f"{what} needs at least one DataGroup")
     return groups
+
+
+def jax_process_split() -> tuple[int, int]:
+    """``(process_index, process_count)`` of this JAX process, without starting a JAX backend.
+
+    From JAX when a backend is live or ``jax.distributed.initialize`` has run; otherwise
+    ``(0, 1)``. Starting a backend here would cost the loader its fast fork start.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 0, 1
+    if jax_backend_live():
+        return jax.process_index(), jax.process_count()
+    try:
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover - a JAX without that module
+        return 0, 1
+    state = distributed.global_state
+    if getattr(state, "client", None) is None:
+        return 0, 1
+    return int(state.process_id), int(state.num_processes)
+
+
+def _process_split(index: Any, count: Any) -> tuple[int, int]:
+    if index is None and count is None:
+        return jax_process_split()
+    if index is None or count is None:
+        raise ValueError("process_index and process_count go together: pass both, or neither to take them from JAX")
+    index, count = _int("process_index", index, 0), _int("process_count", count, 1)
+    if index >= count:
+        raise ValueError(f"process_index must be below process_count ({count}), got {index}")
+    return index, count
 
 
 def _int(name: str, value: Any, minimum: int | None = None) -> int:
@@ -103,6 +135,15 @@ class Dataloader(Generic[D]):
     :param zero_copy: (hydrax extension) on the CPU backend, let the default placement hand slot
         memory to JAX without a copy while a slot stays free for loading. None (default) and True
         allow it; False always copies. See :attr:`transfer_stats`.
+    :param process_index: (hydrax extension) with ``process_count``: this process loads share
+        ``process_index`` of ``process_count`` equal, contiguous shares of every batch. A group's
+        ``batch_size`` is then the global batch size, and each process gets ``batch_size //
+        process_count`` items per batch, with the item indices and seeds those items have in the
+        global batch, so the global sequence is the same for any process count and every process
+        gets the same number of batches. Both default to JAX's ``process_index()`` and
+        ``process_count()`` when a JAX backend is live or ``jax.distributed`` is initialised, else
+        to a single process.
+    :param process_count: see ``process_index``.
     """
 
     def __init__(
@@ -123,6 +164,8 @@ class Dataloader(Generic[D]):
         startup_func: Callable[[], None] | None = None,
         placement_func: Callable[..., dict] | None = None,
         zero_copy: bool | None = None,
+        process_index: int | None = None,
+        process_count: int | None = None,
     ) -> None:
         if type(self) is not Dataloader:
             warnings.warn(f"{type(self).__name__} derives from hydrax.Dataloader. This is not supported.", SyntaxWarning, stacklevel=2)
@@ -176,11 +219,12 @@ class Dataloader(Generic[D]):
         if zero_copy is not None and not isinstance(zero_copy, bool):
             raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
         self._zero_copy = zero_copy
-        plans = tuple(g._plan() for g in self._training)
+        self._process_index, self._process_count = _process_split(process_index, process_count)
+        plans = tuple(self._share(g, "training", i) for i, g in enumerate(self._training))
         bpe = sum(p.batch_count for p in plans)
         self._plan = Plan(
             training=plans,
-            validation=tuple(g._plan() for g in self._validation),
+            validation=tuple(self._share(g, "validation", i) for i, g in enumerate(self._validation)),
             validation_mode=validation_mode,
             validation_interval=validation_interval,
             start=normalise_start((start_epoch, start_batch), bpe),
@@ -203,6 +247,15 @@ class Dataloader(Generic[D]):
         if start_method() == "forkserver":
             # It imports the main module (and the loader's) in the background until __enter__.
             warm_forkserver(self._modules())
+
+    def _share(self, group: DataGroup, kind: str, i: int) -> GroupPlan:
+        count = self._process_count
+        if group.batch_size % count:
+            raise ValueError(
+                f"{kind} group {i} has batch_size {group.batch_size}, which {count} processes cannot split evenly "
+                f"(process_count={count}): make every batch size a multiple of the process count"
+            )
+        return host_share(group._plan(), self._process_index, count)
 
     def _modules(self) -> list[str]:
         return [getattr(f, "__module__", None) for f in (self._loader_func, self._startup_func)]
@@ -227,6 +280,16 @@ class Dataloader(Generic[D]):
     def last_batch(self) -> int | None:
         """The global number the run stops before, or None when it has no end."""
         return self._plan.last_batch
+
+    @property
+    def process_index(self) -> int:
+        """(hydrax extension) Which of :attr:`process_count` processes this is; it loads that share of every batch."""
+        return self._process_index
+
+    @property
+    def process_count(self) -> int:
+        """(hydrax extension) How many processes split every batch (1: this process loads whole batches)."""
+        return self._process_count
 
     @property
     def deterministic(self) -> bool:
@@ -281,9 +344,13 @@ class Dataloader(Generic[D]):
     def _start(self) -> None:
         groups = self._training + self._validation
         plans = list(self._plan.training + self._plan.validation)
-        slot_size = max(g.loader_size for g in groups)
+        layouts = [g._share_layouts(p.local_batch_size) for g, p in zip(groups, plans)]
+        slot_size = max(size for _layouts, size in layouts)
         self._arena = Arena(self._depth, slot_size, self._loader_count)
-        group_specs = [GroupSpec.of(g, p, i < len(self._training)) for i, (g, p) in enumerate(zip(groups, plans))]
+        group_specs = [
+            GroupSpec.of(g, p, share, i < len(self._training))
+            for i, (g, p, (share, _size)) in enumerate(zip(groups, plans, layouts))
+        ]
         config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec())
 
         self._method = start_method()
@@ -292,7 +359,7 @@ class Dataloader(Generic[D]):
         # and never more task records than the task pipe holds.
         chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
         self._pipeline = Pipeline(
-            iter_steps(self._plan), groups, plans, len(self._training), self._arena, self._pool,
+            iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
             self._placement_func, self._deterministic, chunks, self._zero_copy,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .errors import WorkerError
 from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
-from .schedule import GroupPlan, Step, TrainingStep, batch_items, batch_seed, item_order, validation_item_order
+from .schedule import GroupPlan, Step, TrainingStep, item_order, local_items, local_seed, validation_item_order
 from .workers import PIPELINE_THREAD, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
@@ -92,6 +92,7 @@ class Pipeline:
         steps: Iterator[Step],
         groups: list,  # DataGroups: training first, then validation
         plans: list[GroupPlan],
+        layouts: list[tuple[Mapping, int]],  # per group: this process's batch layouts and slot bytes
         training_count: int,
         arena: Arena,
         pool: WorkerPool,
@@ -105,6 +106,7 @@ class Pipeline:
         self._steps = steps
         self._groups = groups
         self._plans = plans
+        self._layouts = layouts
         self._training_count = training_count
         self._arena = arena
         self._pool = pool
@@ -252,8 +254,9 @@ class Pipeline:
         plan = self._plans[group]
         seq = self._next_seq
         self._next_seq += 1
-        bounds = chunk_bounds(plan.batch_size, self._chunk_count(plan.batch_size))
-        record = _InFlight(seq, step, group, slot, batch_items(order, plan.batch_size, step.group_index), len(bounds))
+        size = plan.local_batch_size
+        bounds = chunk_bounds(size, self._chunk_count(size))
+        record = _InFlight(seq, step, group, slot, local_items(plan, order, step.group_index), len(bounds))
         self._inflight[seq] = record
         for first, end in bounds:
             self._task_id += 1
@@ -322,11 +325,11 @@ class Pipeline:
         record = item.record if isinstance(item, Ready) else item
         group = self._groups[record.group]
         plan = self._plans[record.group]
-        layouts = group.loader_layouts
+        layouts, size = self._layouts[record.group]
         additional: dict[str, list[Any]] = {}
         for position, extras in record.extras.items():
             for key, value in extras.items():
-                additional.setdefault(key, [None] * plan.batch_size)[position] = value
+                additional.setdefault(key, [None] * plan.local_batch_size)[position] = value
         lease = self._arena.lease(record.slot)
         try:
             views = {
@@ -353,16 +356,16 @@ class Pipeline:
         lease.seal()
         if not lease.released:
             self._pinned.add(record.slot)
-        self.stats.count(path, group.loader_size)
+        self.stats.count(path, size)
         step = record.step
         if isinstance(step, TrainingStep):
             return TrainingBatch(
-                group, step.group_index, record.indices, arrays, additional,
+                group, step.group_index, record.indices, arrays, additional, layouts,
                 epoch=step.epoch, epoch_batch=step.epoch_batch, batch_num=step.batch_num,
-                seed=batch_seed(plan, step.epoch, step.group_index),
+                seed=local_seed(plan, step.epoch, step.group_index),
             )
         return ValidationBatch(
-            group, step.group_index, record.indices, arrays, additional,
+            group, step.group_index, record.indices, arrays, additional, layouts,
             validation_epoch=step.validation_epoch, validation_epoch_batch=step.validation_epoch_batch,
             validation_batch_num=step.validation_batch_num,
         )

@@ -10,7 +10,7 @@ ends the run at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, NamedTuple, Sequence
 
@@ -33,6 +33,15 @@ class GroupPlan:
     #: ``shardwise`` only: samples per shard, and how many consecutive shards mix their items.
     shard_sizes: tuple[int, ...] = ()
     shard_window: int = 4
+    #: The share of every batch this process loads: positions ``[share_first, share_first +
+    #: local_batch_size)`` (see :func:`host_positions`); ``share_size`` 0 means the whole batch.
+    share_first: int = 0
+    share_size: int = 0
+
+    @property
+    def local_batch_size(self) -> int:
+        """Items this process loads of every batch."""
+        return self.share_size or self.batch_size
 
 
 @lru_cache(maxsize=64)
@@ -122,12 +131,36 @@ def host_positions(batch_size: int, process_index: int, process_count: int) -> r
     return range(process_index * share, (process_index + 1) * share)
 
 
+def host_share(plan: GroupPlan, process_index: int, process_count: int) -> GroupPlan:
+    """``plan`` for process ``process_index`` of ``process_count``: it loads its share of every batch."""
+    positions = host_positions(plan.batch_size, process_index, process_count)
+    return replace(plan, share_first=positions.start, share_size=len(positions))
+
+
 def batch_items(order: np.ndarray | None, batch_size: int, group_index: int) -> Sequence[int]:
     """The item indices (Python ints) of batch ``group_index`` under the item ``order``."""
     start = group_index * batch_size
     if order is None:
         return range(start, start + batch_size)
     return order[start : start + batch_size].tolist()
+
+
+def local_items(plan: GroupPlan, order: np.ndarray | None, group_index: int) -> Sequence[int]:
+    """The item indices of this process's share of batch ``group_index`` under the item ``order``."""
+    start = group_index * plan.batch_size + plan.share_first
+    stop = start + plan.local_batch_size
+    if order is None:
+        return range(start, stop)
+    return order[start:stop].tolist()
+
+
+def local_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:
+    """Seed of item 0 of this process's share of a training batch: its global position's seed.
+
+    Item ``k`` of the share gets ``local_seed + k``, the seed it has in the global batch, so the
+    seeds do not depend on the number of processes.
+    """
+    return batch_seed(plan, epoch, group_index) + plan.share_first
 
 
 class TrainingStep(NamedTuple):

@@ -27,13 +27,13 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
-from .schedule import GroupPlan, batch_items, batch_seed, item_order, validation_item_order
+from .schedule import GroupPlan, item_order, local_items, local_seed, validation_item_order
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
@@ -58,8 +58,8 @@ class GroupSpec:
     training: bool
 
     @classmethod
-    def of(cls, group, plan: GroupPlan, training: bool) -> GroupSpec:
-        arrays = {name: (shape, dtype, offset, count) for name, (shape, dtype, _jax, offset, count) in group.loader_layouts.items()}
+    def of(cls, group, plan: GroupPlan, layouts: Mapping, training: bool) -> GroupSpec:
+        arrays = {name: (shape, dtype, offset, count) for name, (shape, dtype, _jax, offset, count) in layouts.items()}
         return cls(group.data, plan, arrays, training)
 
 
@@ -291,8 +291,8 @@ class _Loop:
     def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
         spec = self.config.groups[group]
         plan = spec.plan
-        indices = batch_items(self.order(group, epoch), plan.batch_size, group_index)
-        seed0 = batch_seed(plan, epoch, group_index) if spec.training else None
+        indices = local_items(plan, self.order(group, epoch), group_index)
+        seed0 = local_seed(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
         data = spec.data

@@ -8,6 +8,7 @@ import pytest
 
 from hydrax import Dataloader, DataGroup
 from hydrax.shards import S3Options, ShardFormatError, ShardSet, ShardWriter
+from hydrax.shards.shardset import expand_urls
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 
@@ -99,3 +100,72 @@ def test_an_unreachable_store_is_reported_after_bounded_retries(tmp_path):
     with pytest.raises(OSError, match=r"shard 's3://data/train-00.tar': the request failed after retries"):
         ShardSet("s3://data/train-00.tar", s3=options, cache_dir=str(tmp_path))
     assert time.monotonic() - started < 30
+
+
+def enforce_auth(endpoint: str, after: str) -> None:
+    """Make the server check every request's credentials against its IAM (``after="inf"``: stop)."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=after.encode(), method="POST",
+                                     headers={"Content-Type": "text/plain"})
+    urllib.request.urlopen(request).read()
+
+
+@pytest.fixture
+def reader_keys(server):
+    """Credentials of an IAM user who may list the bucket but not read objects; the server then checks them."""
+    import json
+    import uuid
+
+    import boto3
+
+    options, _ = server
+    iam = boto3.client("iam", endpoint_url=options.endpoint_url, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    user = f"lister-{uuid.uuid4().hex[:8]}"  # the in-process server keeps users from earlier tests
+    iam.create_user(UserName=user)
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}]}
+    iam.put_user_policy(UserName=user, PolicyName="list-only", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    yield S3Options(endpoint_url=options.endpoint_url, region="us-east-1", access_key_id=key["AccessKeyId"],
+                    secret_access_key=key["SecretAccessKey"])
+    enforce_auth(options.endpoint_url, "inf")
+
+
+def test_access_denied_names_the_shard_and_the_permission(s3_shards, reader_keys, tmp_path):
+    options, _, _ = s3_shards
+    enforce_auth(options.endpoint_url, "0")
+    assert len(expand_urls("s3://data/shards/train-*.tar", reader_keys)) == 4  # listing is allowed
+    with pytest.raises(PermissionError, match=r"shard 's3://data/shards/train-00.tar': access denied .*need s3:GetObject"):
+        ShardSet("s3://data/shards/train-00.tar", s3=reader_keys, cache_dir=str(tmp_path / "cache"))
+    strangers = S3Options(endpoint_url=options.endpoint_url, region="us-east-1", access_key_id="AKIDUNKNOWN", secret_access_key="x")
+    with pytest.raises(PermissionError, match=r"'s3://data/shards/train-\*.tar': the store refused the credentials \(InvalidAccessKeyId\)"):
+        ShardSet("s3://data/shards/train-*.tar", s3=strangers, cache_dir=str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.*"))  # nothing half-made in the cache
+
+
+def load_noting_errors(log, sample, arrays, seed):
+    try:
+        load_s3_sample(sample, arrays, seed)
+    except Exception as exc:
+        with open(log, "a") as f:
+            f.write(f"{type(exc).__name__}: {exc}\n")
+        raise
+
+
+def test_a_read_denied_in_a_worker_drops_its_batch_with_the_offset(s3_shards, reader_keys, tmp_path):
+    import functools
+
+    options, _, _ = s3_shards
+    dataset = ShardSet("s3://data/shards/train-00.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    denied = ShardSet("s3://data/shards/train-00.tar", s3=reader_keys, cache_dir=str(tmp_path / "cache"))
+    assert len(denied) == len(dataset) == 9  # the index came from the cache, built with the good keys
+    enforce_auth(options.endpoint_url, "0")
+    group = DataGroup(3, denied, loader_arrays={"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)})
+    log = tmp_path / "errors.txt"
+    with Dataloader(functools.partial(load_noting_errors, str(log)), group, loader_count=2, end_at=("epoch", 1)) as loader:
+        assert list(loader) == []  # every batch dropped, and the run still ends
+    errors = log.read_text().splitlines()
+    assert 3 <= len(errors) <= 9  # each task stops at its first failed item, and its batch is dropped
+    assert all(e.startswith("PermissionError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
+    assert all("access denied (AccessDenied); the credentials need s3:GetObject" in e for e in errors)

@@ -98,3 +98,17 @@ def test_shardwise_loading_is_independent_of_workers_and_resumes_exactly(shards)
 def test_shardwise_needs_data_that_knows_its_shards():
     with pytest.raises(ValueError, match="needs data that knows its shards"):
         DataGroup(2, range(10), loader_arrays={"x": ((), np.int32, jnp.int32)}, shuffle_later="shardwise")
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_processes_share_every_batch_of_uneven_shards(shards, processes):
+    reference = run(shards, loader_count=1)
+    for start in [(0, 0), (1, 7)]:
+        first = start[0] * (sum(SIZES) // 4) + start[1]
+        shares = [run(shards, loader_count=2, start_at=start, process_index=p, process_count=processes) for p in range(processes)]
+        assert len({len(share) for share in shares}) == 1  # no process runs out before another
+        merged = [
+            (parts[0][0], *[[v for part in parts for v in part[field]] for field in (1, 2, 3)])
+            for parts in zip(*shares)
+        ]
+        assert merged == [b for b in reference if b[0] >= first]

@@ -61,14 +61,16 @@ def client(options: S3Options):
     return found
 
 
-def _explain(url: str, exc: Exception) -> Exception:
-    """A clear error for a failed request on ``url``."""
+def _explain(url: str, exc: Exception, permission: str, where: str = "") -> Exception:
+    """A clear error for a failed request on ``url`` that needed the IAM action ``permission``."""
     code = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if hasattr(exc, "response") else ""
     if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
         return FileNotFoundError(f"shard {url!r} does not exist ({code}); check the bucket and key")
-    if code in ("AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return PermissionError(f"shard {url!r}: access denied ({code}); check the credentials and the bucket policy")
-    return OSError(f"shard {url!r}: the request failed after retries: {exc}")
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+        return PermissionError(f"shard {url!r}{where}: the store refused the credentials ({code}); check the access key, secret and session token")
+    if code in ("AccessDenied", "403", "Forbidden"):
+        return PermissionError(f"shard {url!r}{where}: access denied ({code}); the credentials need {permission} on it (check the IAM and bucket policies)")
+    return OSError(f"shard {url!r}{where}: the request failed after retries: {exc}")
 
 
 def head(url: str, options: S3Options) -> tuple[int, int]:
@@ -77,7 +79,7 @@ def head(url: str, options: S3Options) -> tuple[int, int]:
     try:
         reply = client(options).head_object(Bucket=bucket, Key=key)
     except Exception as exc:
-        raise _explain(url, exc) from exc
+        raise _explain(url, exc, "s3:GetObject") from exc
     return int(reply["ContentLength"]), int(reply["LastModified"].timestamp() * 1e9)
 
 
@@ -96,7 +98,7 @@ def fetch(url: str, options: S3Options, offset: int = 0, size: int | None = None
         finally:
             body.close()
     except Exception as exc:
-        raise _explain(url, exc) from exc
+        raise _explain(url, exc, "s3:GetObject", "" if size is None else f" at byte offset {offset}") from exc
     if size is not None and len(data) != size:
         raise OSError(f"shard {url!r}: asked for {size} bytes at offset {offset}, got {len(data)} (the object changed?)")
     return data
@@ -111,5 +113,5 @@ def glob(pattern: str, options: S3Options) -> list[str]:
         for page in client(options).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             found += [item["Key"] for item in page.get("Contents", []) if fnmatch.fnmatchcase(item["Key"], key_pattern)]
     except Exception as exc:
-        raise _explain(pattern, exc) from exc
+        raise _explain(pattern, exc, "s3:ListBucket") from exc
     return [f"s3://{bucket}/{key}" for key in sorted(found)]
