@@ -178,6 +178,30 @@ def _die_with_parent() -> None:
         pass
 
 
+#: glibc malloc settings in workers: blocks below 16 MiB come from the heap, and up to 32 MiB of
+#: free heap is kept. By default glibc maps and unmaps each large block (a decoded image, say) and
+#: trims the heap after it, so every item pays for fresh pages: JPEG decoding ran at 0.45x
+#: (tools/bench_shards.py, Pillow, 320x320) in a process that had not happened to raise glibc's
+#: adaptive threshold first. Set ``HYDRAX_MALLOC_TUNING=0``, or glibc's own ``MALLOC_*_``
+#: variables or ``GLIBC_TUNABLES``, to keep other settings.
+MALLOC_MMAP_THRESHOLD = 16 << 20
+MALLOC_TRIM_THRESHOLD = 32 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def _tune_malloc() -> None:
+    if os.environ.get("HYDRAX_MALLOC_TUNING") == "0":
+        return
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _clean_traceback(exc: BaseException) -> None:
     # A traceback keeps the loader's frame, and with it the item views, alive.
     traceback.clear_frames(exc.__traceback__)
@@ -220,6 +244,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    _tune_malloc()
     for fd in close:
         try:
             os.close(fd)

@@ -457,3 +457,25 @@ def test_debug_batch_references_names_the_holder(capsys):
     err = capsys.readouterr().err
     if aliased:
         assert "[hydrax] remaining references to batch slot" in err
+
+
+def load_heap_check(item, arrays, seed):
+    """Whether a fresh 8 MB block comes from the heap (not a fresh mapping) in this worker."""
+    block = np.empty(8 << 20, np.uint8)
+    address = block.ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("[heap]"):
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                arrays["item"][...] = start <= address < end
+                return None
+    arrays["item"][...] = 0
+    return None
+
+
+def test_workers_keep_large_blocks_on_the_heap(monkeypatch):
+    """glibc would map and unmap every large block (a decoded image) afresh; workers raise its thresholds."""
+    monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")  # a fresh process, not this one's malloc state
+    group = DataGroup(4, range(8), loader_arrays=ARRAYS)
+    with Dataloader(load_heap_check, group, loader_count=2, end_at=("epoch", 1)) as loader:
+        assert [np.asarray(b.arrays["item"]).tolist() for b in loader] == [[1] * 4, [1] * 4]

@@ -169,3 +169,32 @@ def test_a_read_denied_in_a_worker_drops_its_batch_with_the_offset(s3_shards, re
     assert 3 <= len(errors) <= 9  # each task stops at its first failed item, and its batch is dropped
     assert all(e.startswith("PermissionError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
     assert all("access denied (AccessDenied); the credentials need s3:GetObject" in e for e in errors)
+
+
+def test_one_ranged_get_per_sample_whatever_fields_are_read(s3_shards, tmp_path):
+    import logging
+
+    class Requests(logging.Handler):  # the server logs one line per request it serves
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    options, _, _ = s3_shards
+    dataset = ShardSet("s3://data/shards/train-01.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    server_log = logging.getLogger("werkzeug")
+    requests, level = Requests(), server_log.level
+    server_log.addHandler(requests)
+    server_log.setLevel(logging.INFO)
+    try:
+        for sample in dataset:
+            assert int(bytes(sample["cls"])) == int(sample.key[1:])
+            assert np.frombuffer(sample["bin"], np.int32).tolist() == [int(sample.key[1:])] * 4
+            bytes(sample["cls"])  # again: no new request
+    finally:
+        server_log.removeHandler(requests)
+        server_log.setLevel(level)
+    gets = [line for line in requests.lines if "GET /data/shards/train-01.tar" in line]
+    assert len(gets) == len(dataset) == 9

@@ -26,6 +26,19 @@ def test_shards_are_byte_identical_to_webdatasets_for_the_same_samples(tmp_path)
         assert (tmp_path / f"ours-{n:04d}.tar").read_bytes() == (tmp_path / f"wds-{n:04d}.tar").read_bytes()
 
 
+def test_webdataset_reads_our_shards_back_as_the_samples_written(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    written = list(samples(100))
+    with ShardWriter(str(tmp_path / "ours-%04d.tar"), maxcount=40) as ours:
+        for sample in written:
+            ours.write(sample)
+    read = list(wds.WebDataset(str(tmp_path / "ours-{0000..0002}.tar"), shardshuffle=False))
+    assert [r["__key__"] for r in read] == [s["__key__"] for s in written]
+    for r, s in zip(read, written):
+        assert r["txt"] == s["txt"].encode() and r["bin"] == s["bin"] and r["cls"] == s["cls"]
+        assert set(r) - {"__key__", "__url__", "__local_path__"} == {"txt", "bin", "cls"}
+
+
 def test_identical_input_gives_identical_shards(tmp_path):
     for name in ("a", "b"):
         with ShardWriter(str(tmp_path / f"{name}-%02d.tar"), maxcount=30) as writer:

@@ -7,19 +7,24 @@ Part 1 writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payloa
 headers (``hydrax.shards.scan_members``) and grouping samples, from the page cache.
 
 Part 2 reads every sample's fields from a ShardSet (in order, and in a random order) and reports
-samples/s and MB/s; then the same for ``--s3-samples`` samples (default 1000) of the shard
-uploaded to a local S3-protocol server (moto's, on 127.0.0.1), one ranged GET per field.
+samples/s and MB/s. Then it writes a ``--s3-samples`` sample shard (default 2000, about 11 MB),
+uploads it to a local S3-protocol server (moto's, in its own process on 127.0.0.1) and reads it
+there: one process sample by sample, then a Dataloader with ``--s3-workers`` loader processes.
+Each sample is one ranged GET. (moto copies the whole object for every ranged GET, so its cost
+grows with the object: about 3 ms at 1 MB and 65 ms at 100 MB here; hence the small shard.)
 
-Part 3 (``--jpegs N``, default 2048) writes N generated 320x320 q90 JPEGs into 8 shards and
+Part 3 (``--jpegs N``, default 4096) writes N generated 320x320 q90 JPEGs into 8 shards and
 times, end to end, the ``webdataset`` package iterating them with a Pillow decode (draft mode,
 center crop 256x256; webdataset parallelises only through a torch DataLoader, so it runs in
 one process here) against a hydrax DataGroup over a ShardSet with the same decode, with 1 and 2
-loader processes. (S3 rates come with the S3 backend.)
+loader processes, interleaved, up to 3 times.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import io
 import mmap
 import os
@@ -74,20 +79,39 @@ def read_rates(path: str, repeat: int) -> list[tuple[str, float, float]]:
     return rows
 
 
-def s3_read_rate(path: str, samples: int) -> tuple[float, float, float]:
-    """(samples/s, MB/s, index build s) reading ``samples`` samples of ``path`` through local S3."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+def load_sizes(sample, arrays, seed):
+    arrays["bytes"][...] = sum(len(sample[field]) for field in sample)
 
+
+def s3_read_rates(folder: str, samples: int, payload: int, workers: int) -> tuple[float, list[tuple[str, float, float]]]:
+    """Index build seconds, then (reader, samples/s, MB/s) over a shard of ``samples`` samples
+    in a local S3-protocol server (moto's, in its own process on 127.0.0.1)."""
+    import socket
+    import subprocess
+    import sys
+
+    import boto3
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hydrax import DataGroup, Dataloader
     from hydrax.shards import S3Options, ShardSet
 
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    path = os.path.join(folder, "s3-000000.tar")
+    write_shard(path, samples, payload)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        endpoint = f"http://127.0.0.1:{server._server.server_port}"
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        endpoint = f"http://127.0.0.1:{port}"
         options = S3Options(endpoint_url=endpoint, region="us-east-1", access_key_id="bench", secret_access_key="bench")
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench", aws_secret_access_key="bench")
         client.create_bucket(Bucket="bench")
@@ -96,17 +120,26 @@ def s3_read_rate(path: str, samples: int) -> tuple[float, float, float]:
             started = time.perf_counter()
             dataset = ShardSet("s3://bench/shard-000000.tar", s3=options, cache_dir=cache)
             indexed = time.perf_counter() - started
+            megabytes = sum(n for sample in dataset for _, n in sample.fields.values()) / 1e6
             started = time.perf_counter()
-            total = 0
-            for i in range(min(samples, len(dataset))):
-                sample = dataset[i]
+            for sample in dataset:
                 for field in sample:
-                    total += len(sample[field])
+                    sample[field]
             elapsed = time.perf_counter() - started
+            rows = [("1 process", len(dataset) / elapsed, megabytes / elapsed)]
+            group = DataGroup(64, dataset, loader_arrays={"bytes": ((), np.int64, jnp.int64)})
+            started = time.perf_counter()
+            with Dataloader(load_sizes, group, loader_count=workers, end_at=("epoch", 1)) as loader:
+                seen = 0
+                for batch in loader:
+                    seen += len(batch)
+                    del batch
+            elapsed = time.perf_counter() - started
+            rows.append((f"Dataloader, {workers} loader processes", seen / elapsed, megabytes * seen / len(dataset) / elapsed))
     finally:
-        server.stop()
-    count = min(samples, len(dataset))
-    return count / elapsed, total / 1e6 / elapsed, indexed
+        server.terminate()
+        server.wait()
+    return indexed, rows
 
 
 def decode(data):
@@ -140,39 +173,72 @@ def write_jpeg_shards(folder: str, count: int) -> str:
     return os.path.join(folder, "img-{00..07}.tar")
 
 
-def end_to_end(pattern: str, count: int) -> list[tuple[str, float]]:
-    import jax.numpy as jnp
-    import numpy as np
+def webdataset_rate(pattern: str, tuned_malloc: bool = False) -> float:
+    """items/s of the ``webdataset`` package reading ``pattern`` with :func:`decode`, in this process."""
     import webdataset as wds
 
-    from hydrax import DataGroup, Dataloader
-    from hydrax.shards import ShardSet
+    if tuned_malloc:
+        from hydrax.workers import _tune_malloc
 
-    rows = []
+        _tune_malloc()
     started = time.perf_counter()
     seen = 0
     for sample in wds.WebDataset(pattern, shardshuffle=False):
         decode(sample["jpg"])
         seen += 1
-    rows.append(("webdataset, 1 process", seen / (time.perf_counter() - started)))
+    return seen / (time.perf_counter() - started)
+
+
+def glibc_default_malloc() -> None:
+    """Undo hydrax's worker malloc settings: glibc's initial thresholds (128 KiB)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+
+
+def end_to_end(pattern: str, repeat: int) -> list[tuple[str, list[float]]]:
+    """items/s of each way of reading ``pattern`` with the same decode, runs interleaved."""
+    import jax.numpy as jnp
+    import numpy as np
+    from hydrax import DataGroup, Dataloader
+    from hydrax.shards import ShardSet
+
     dataset = ShardSet(pattern)
+    arrays = {"image": ((256, 256, 3), np.uint8, jnp.uint8)}
     # One untimed run first: JAX starts, and with it the fork server later runs start from, as in
     # a training script; otherwise the first timed run would pay a one-time process start-up.
-    warm = DataGroup(64, dataset[:64], loader_arrays={"image": ((256, 256, 3), np.uint8, jnp.uint8)}, shuffle_later="repeat")
-    with Dataloader(load_jpeg, warm, loader_count=1, end_at=("epoch", 1)) as loader:
+    with Dataloader(load_jpeg, DataGroup(64, dataset[:64], loader_arrays=arrays), loader_count=1, end_at=("epoch", 1)) as loader:
         for batch in loader:
             del batch
     time.sleep(2)  # the fork server finishes its imports, as it would during model set-up
-    for workers in (1, 2):
-        group = DataGroup(64, dataset, loader_arrays={"image": ((256, 256, 3), np.uint8, jnp.uint8)}, shuffle_later="repeat")
+
+    def hydrax_run(workers: int, startup=None) -> float:
+        group = DataGroup(64, dataset, loader_arrays=arrays, shuffle_later="repeat")
         started = time.perf_counter()
-        with Dataloader(load_jpeg, group, loader_count=workers, end_at=("epoch", 1)) as loader:
-            seen = 0
+        seen = 0
+        with Dataloader(load_jpeg, group, loader_count=workers, end_at=("epoch", 1), startup_func=startup) as loader:
             for batch in loader:
                 seen += len(batch)
                 del batch
-        rows.append((f"hydrax, {workers} loader process{'es' if workers > 1 else ''}", seen / (time.perf_counter() - started)))
-    return rows
+        return seen / (time.perf_counter() - started)
+
+    # A helper process for webdataset with hydrax's worker malloc settings: the main process keeps its own.
+    helper = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"))
+    runs = [
+        ("webdataset, 1 process", lambda: webdataset_rate(pattern)),
+        ("webdataset, hydrax's malloc settings", lambda: helper.submit(webdataset_rate, pattern, True).result()),
+        ("hydrax, 1 loader process", lambda: hydrax_run(1)),
+        ("hydrax, 2 loader processes", lambda: hydrax_run(2)),
+        ("hydrax, 2, glibc malloc defaults", lambda: hydrax_run(2, glibc_default_malloc)),
+    ]
+    rates: dict[str, list[float]] = {name: [] for name, _ in runs}
+    with helper:
+        for _ in range(repeat):
+            for name, run in runs:
+                rates[name].append(run())
+    return list(rates.items())
 
 
 def main() -> None:
@@ -180,8 +246,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--payload", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--jpegs", type=int, default=2048, help="samples for the end-to-end part (0 skips it)")
-    parser.add_argument("--s3-samples", type=int, default=1000, help="samples read through local S3 (0 skips it)")
+    parser.add_argument("--jpegs", type=int, default=4096, help="samples for the end-to-end part (0 skips it)")
+    parser.add_argument("--s3-samples", type=int, default=2000, help="samples of the shard read through local S3 (0 skips it)")
+    parser.add_argument("--s3-workers", type=int, default=4, help="loader processes reading from S3")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:  # everything written here goes when done
         path = os.path.join(folder, "shard-000000.tar")
@@ -193,10 +260,10 @@ def main() -> None:
                 started = time.perf_counter()
                 func(path)
                 times[name].append(time.perf_counter() - started)
-            reads = read_rates(path, args.repeat)
-            remote = s3_read_rate(path, args.s3_samples) if args.s3_samples else None
+        reads = read_rates(path, args.repeat)
+        remote = s3_read_rates(folder, args.s3_samples, args.payload, args.s3_workers) if args.s3_samples else None
         if args.jpegs:
-            jpeg_rows = end_to_end(write_jpeg_shards(folder, args.jpegs), args.jpegs)
+            jpeg_rows = end_to_end(write_jpeg_shards(folder, args.jpegs), max(1, min(args.repeat, 3)))
     print(f"shard: {args.samples} samples, {2 * args.samples} members, {size / 1e6:.1f} MB; medians of {args.repeat}")
     print(f"{'indexer':8} | {'samples/s':>12} | {'MB/s':>9} | {'vs tarfile':>10}")
     base = statistics.median(times["tarfile"])
@@ -207,13 +274,18 @@ def main() -> None:
     for name, rate, mbps in reads:
         print(f"  {name:13} {rate:12,.0f} samples/s {mbps:9,.0f} MB/s")
     if remote:
-        rate, mbps, indexed = remote
-        print(f"  {'local S3':13} {rate:12,.0f} samples/s {mbps:9,.1f} MB/s (one ranged GET per field; index built from one GET in {indexed:.2f} s)")
+        indexed, rows = remote
+        print(f"\nfrom a local S3 server, a {args.s3_samples}-sample shard (index built from one GET in {indexed:.2f} s; one ranged GET per sample):")
+        for name, rate, mbps in rows:
+            print(f"  {name:33} {rate:9,.0f} samples/s {mbps:7,.1f} MB/s")
     if args.jpegs:
-        print(f"\nend to end, {args.jpegs} JPEG samples in 8 shards, decode + crop to 256x256:")
-        reference = jpeg_rows[0][1]
-        for name, rate in jpeg_rows:
-            print(f"  {name:26} {rate:9,.0f} items/s {rate / reference:6.2f}x")
+        runs = len(jpeg_rows[0][1])
+        print(f"\nend to end, {args.jpegs} JPEG samples in 8 shards, decode + crop to 256x256 (median of {runs} interleaved runs):")
+        reference = statistics.median(jpeg_rows[0][1])
+        for name, rates in jpeg_rows:
+            rate = statistics.median(rates)
+            spread = ", ".join(f"{r:,.0f}" for r in rates)
+            print(f"  {name:36} {rate:9,.0f} items/s {rate / reference:6.2f}x   (runs: {spread})")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ sequence of light :class:`SampleRef` s. In a worker, ``sample["jpg"]`` is a zero
 ``memoryview`` of that field's bytes in the shard, mapped once per process; nothing is opened or
 pickled per item. Local paths, ``file://`` URLs, globs and brace ranges are understood, and so
 are ``s3://bucket/key`` URLs: their indexes are built from one GET of each shard and kept in a
-local cache (never written into the bucket), and each field is one ranged GET over a client
-reused by the process.
+local cache (never written into the bucket), and each sample is one ranged GET (all its fields at
+once) over a client reused by the process.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class ShardSet(Sequence["SampleRef"]):
         self._indexes: list[ShardIndex] = indexes
         self._starts = np.cumsum([0] + [len(i) for i in indexes], dtype=np.int64)
         self._maps: dict[int, mmap.mmap] = {}
+        self._remote_sample: tuple[int, int, int, memoryview] | None = None  # (shard, sample, offset, bytes)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -114,9 +115,18 @@ class ShardSet(Sequence["SampleRef"]):
         """Samples per shard."""
         return np.diff(self._starts).tolist()
 
-    def _read(self, shard: int, offset: int, size: int) -> memoryview:
+    def _read(self, shard: int, sample: int, offset: int, size: int) -> memoryview:
         if self._remote[shard]:
-            return memoryview(s3.fetch(self.urls[shard], self.s3, offset, size))
+            # One ranged GET brings all of a sample's fields (they are consecutive in the tar), so
+            # a sample costs one round trip however many fields are read from it.
+            cached = self._remote_sample
+            if cached is None or cached[:2] != (shard, sample):
+                spans = self._indexes[shard].fields(sample).values()
+                first = min(o for o, _ in spans)
+                end = max(o + n for o, n in spans)
+                cached = self._remote_sample = (shard, sample, first, memoryview(s3.fetch(self.urls[shard], self.s3, first, end - first)))
+            start = offset - cached[2]
+            return cached[3][start : start + size]
         mapping = self._maps.get(shard)
         if mapping is None:
             url = self.urls[shard]
@@ -130,6 +140,7 @@ class ShardSet(Sequence["SampleRef"]):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_maps"] = {}  # mappings are per process
+        state["_remote_sample"] = None
         return state
 
     def __repr__(self) -> str:
@@ -192,7 +203,7 @@ class SampleRef(Mapping[str, memoryview]):
             offset, size = self.fields[field]
         except KeyError:
             raise KeyError(f"sample {self.key!r} in {self.url} has no field {field!r} (it has {sorted(self.fields)})") from None
-        return self._set._read(self._shard, offset, size)
+        return self._set._read(self._shard, self._index, offset, size)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.fields)
