@@ -1,0 +1,260 @@
+"""decode_into: encoded image bytes to finished, colour-managed pixels in a batch slot.
+
+One call per item in a loader function::
+
+    def load(sample, arrays, seed):
+        decode_into(sample["jpg"], arrays["image"], crop="random", flip=True, seed=seed,
+                    space="srgb", coefs=Coefs.IMAGENET_SRGB, layout="chw")
+
+Pillow decodes (JPEGs larger than twice the target are scaled down in the DCT domain as they
+decode), EXIF orientation is applied, the shorter side is resized and the crop taken in one
+resampling step, and then one pass of hydrax's kernel converts the few output pixels from the
+embedded profile to the requested space, encoding, dtype and layout, straight into ``out``.
+Colour work therefore scales with the output, not the photo.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from .icc import ProfileError
+from .transform import PixelTransform, transform_for
+
+#: Orientation tag values that swap width and height (EXIF 5-8).
+_TRANSPOSED = (5, 6, 7, 8)
+_LAYOUTS = ("hwc", "chw")
+_CROPS = ("center", "random")
+_ORIENTATION_TAG = 0x0112
+
+
+class ImageError(ValueError):
+    """An image that cannot be decoded: truncated, corrupt, of an unknown format, or too large."""
+
+
+def _mix(seed: int, stream: int) -> int:
+    """64 well-mixed bits from (seed, stream): SplitMix64's finaliser, so item seeds in sequence
+    give unrelated crops and flips."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
+def crop_box(width: int, height: int, out_height: int, out_width: int, size: int | None, crop: str,
+             seed: int | None) -> tuple[float, float, float, float]:
+    """The region of a ``width`` x ``height`` image that becomes the ``out_height`` x ``out_width``
+    output: the shorter side scaled to ``size`` (default: the larger output side), then a centred
+    or (from ``seed``) random crop. A pure function, so crops can be checked and replayed."""
+    size = max(out_height, out_width) if size is None else int(size)
+    scale = size / min(width, height)
+    scaled_w, scaled_h = max(out_width, round(width * scale)), max(out_height, round(height * scale))
+    if crop == "center":
+        left, top = (scaled_w - out_width) // 2, (scaled_h - out_height) // 2
+    else:
+        left = _mix(seed, 1) % (scaled_w - out_width + 1)
+        top = _mix(seed, 2) % (scaled_h - out_height + 1)
+    sx, sy = width / scaled_w, height / scaled_h
+    return left * sx, top * sy, (left + out_width) * sx, (top + out_height) * sy
+
+
+def flips(seed: int) -> bool:
+    """Whether the item with ``seed`` is mirrored when ``flip=True`` (half of all seeds are)."""
+    return bool(_mix(seed, 3) & 1)
+
+
+def _open(data: Any, formats):
+    from PIL import Image, UnidentifiedImageError
+
+    source = data if hasattr(data, "read") else io.BytesIO(data)
+    try:
+        return Image.open(source, formats=formats)
+    except UnidentifiedImageError as exc:
+        raise ImageError(f"not an image Pillow can read{'' if formats is None else f' as {formats}'}: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
+
+
+def _load(image) -> None:
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image.load()
+    except Image.DecompressionBombWarning:
+        pass  # the warning threshold: decode anyway, as Pillow itself does
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageError(f"truncated or corrupt {image.format or ''} image: {exc}".replace("  ", " ")) from None
+
+
+def _to_8bit(image):
+    """The image in a mode the kernel reads (L, LA, RGB, RGBA), with its ICC profile kept."""
+    mode = image.mode
+    if mode in ("L", "LA", "RGB", "RGBA"):
+        return image
+    profile = image.info.get("icc_profile")
+    if mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit gray: keep the top 8 bits, rounded
+        values = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if mode != "I" or values.max(initial=0) > 255 else 255.0
+        converted = _from_array(np.clip(np.rint(values * (255.0 / top)), 0, 255).astype(np.uint8))
+    elif mode == "P" or mode == "PA":
+        converted = image.convert("RGBA" if "transparency" in image.info or mode == "PA" else "RGB")
+    elif mode == "CMYK" and profile:
+        return image  # LittleCMS converts it with its profile
+    elif mode == "1":
+        converted = image.convert("L")
+    elif mode == "F":
+        converted = _from_array(np.clip(np.rint(np.asarray(image) * 255.0), 0, 255).astype(np.uint8))
+    else:  # CMYK without a profile, YCbCr, LAB, HSV, RGBX, RGBa, La ...
+        converted = image.convert("RGBA" if "A" in mode or "a" in mode else "RGB")
+    if profile:
+        converted.info["icc_profile"] = profile
+    return converted
+
+
+def _from_array(array: np.ndarray):
+    from PIL import Image
+
+    return Image.fromarray(array)
+
+
+def decode_into(
+    data: Any,
+    out: np.ndarray,
+    *,
+    layout: str = "hwc",
+    size: int | None = None,
+    crop: str = "center",
+    flip: bool = False,
+    seed: int | None = None,
+    space: str = "srgb",
+    coefs=None,
+    convert: tuple = (1, 0x2400),
+    resample: int | None = None,
+    formats: list[str] | tuple[str, ...] | None = None,
+    bad_profile: str = "raise",
+) -> None:
+    """Decode ``data`` (bytes, a memoryview, or a binary file) into ``out``, colour-managed.
+
+    :param out: the item's array in the batch: (H, W, C) or, with ``layout="chw"``, (C, H, W), C
+        3 (RGB) or 4 (RGBA; alpha 255 where the image has none), dtype uint8, float16 or float32.
+    :param size: the shorter side after resizing (default: the larger of H and W, so the crop fits
+        the whole shorter side).
+    :param crop: ``"center"`` or ``"random"`` (a position drawn from ``seed``, reproducibly).
+    :param flip: mirror left-right when ``seed`` says so (see :func:`flips`).
+    :param seed: the loader's item seed; needed for a random crop or flip.
+    :param space: ``"srgb"``, ``"linear"`` (linear-light sRGB) or ``"oklab"``.
+    :param coefs: a :class:`hydrax.image.Coefs` applied to colour values on the 0-255 scale (and
+        to alpha), as ``write_hwc`` does; without it float outputs are fractions (sRGB, linear)
+        or Oklab L, a, b. Not for Oklab.
+    :param convert: ``(intent, flags)``: :data:`hydrax.image.CONVERT_RELATIVE` (default) or
+        :data:`hydrax.image.CONVERT_PERCEPTUAL`, for profiles LittleCMS handles; for matrix/TRC
+        profiles both give the colorimetric result, as LittleCMS's do.
+    :param resample: a Pillow resampling filter (default bilinear).
+    :param formats: the formats Pillow may try (default: all).
+    :param bad_profile: ``"raise"`` (default) raises :class:`hydrax.image.ProfileError` for a
+        damaged embedded profile; ``"warn"`` warns and treats the image as sRGB.
+    :raises ImageError: for data that is not a readable image, or too large (see
+        :func:`hydrax.image.set_max_image_pixels`).
+    """
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be 'hwc' or 'chw', got {layout!r}")
+    if crop not in _CROPS:
+        raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
+    if (crop == "random" or flip) and seed is None:
+        raise ValueError("a random crop or flip needs the item's seed (validation items have none: use crop='center', flip=False)")
+    if not isinstance(out, np.ndarray) or out.ndim != 3:
+        raise ValueError(f"out must be a 3-d numpy array, got {getattr(out, 'shape', type(out).__name__)}")
+    chw = layout == "chw"
+    channels, out_h, out_w = (out.shape if chw else (out.shape[2], out.shape[0], out.shape[1]))
+    if channels not in (3, 4):
+        raise ValueError(f"out must have 3 or 4 channels ({layout}), got shape {out.shape}")
+    if out.dtype not in (np.uint8, np.float16, np.float32):
+        raise TypeError(f"out must be uint8, float16 or float32, got {out.dtype}")
+    if space == "oklab" and (out.dtype == np.uint8 or coefs is not None):
+        raise ValueError("Oklab output must be float16 or float32, without coefs")
+    from PIL import Image
+
+    image = _open(data, formats)
+    orientation = _orientation(image)
+    width, height = image.size
+    if orientation in _TRANSPOSED:
+        width, height = height, width
+    target = max(out_h, out_w) if size is None else int(size)
+    scale = target / min(width, height)
+    if image.format == "JPEG" and scale <= 0.5:
+        wanted = (int(width * scale) + 1, int(height * scale) + 1)
+        image.draft(image.mode, wanted[::-1] if orientation in _TRANSPOSED else wanted)
+    _load(image)
+    if orientation not in (None, 1):
+        from PIL import ImageOps
+
+        profile = image.info.get("icc_profile")
+        image = ImageOps.exif_transpose(image)
+        if profile:
+            image.info["icc_profile"] = profile
+    image = _to_8bit(image)
+    box = crop_box(image.width, image.height, out_h, out_w, target, crop, seed)
+    filter_ = Image.Resampling.BILINEAR if resample is None else resample
+    profile = image.info.get("icc_profile")
+    resized = image.resize((out_w, out_h), filter_, box=box)
+    if flip and flips(seed):
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    transform = transform_for(profile, resized.mode, space, bad_profile=bad_profile)
+    if transform.lcms:
+        resized = _littlecms(resized, profile, convert, bad_profile)
+    _write(resized, transform, out, chw, channels, coefs)
+
+
+def _orientation(image) -> int | None:
+    try:
+        return image.getexif().get(_ORIENTATION_TAG)
+    except Exception:  # a damaged EXIF block is not worth losing the image for
+        return None
+
+
+def _littlecms(image, profile: bytes, convert: tuple, bad_profile: str):
+    """``image`` converted to sRGB by LittleCMS (gray, CMYK and lookup-table profiles)."""
+    from .srgb import _check_convert, _convert_with_profile
+
+    mode = "RGBA" if image.mode in ("LA", "RGBA", "PA") else "RGB"
+    try:
+        return _convert_with_profile(image, bytes(profile), mode, *_check_convert(convert))
+    except ProfileError as exc:
+        if bad_profile != "warn":
+            raise
+        warnings.warn(f"ignoring an unusable ICC profile ({exc}); treating the image as sRGB", RuntimeWarning, stacklevel=3)
+        return image.convert(mode)
+
+
+def _write(image, transform: PixelTransform, out: np.ndarray, chw: bool, channels: int, coefs) -> None:
+    pixels = np.asarray(image)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if (transform.identity and coefs is None and out.dtype == np.uint8 and not chw
+            and pixels.shape[2] == channels):
+        np.copyto(out, pixels)  # an sRGB image into an sRGB slot: the decoded pixels are the result
+        return
+    scale, offset = _affine(out.dtype, channels, coefs)
+    target = out if out.dtype != np.float16 else np.empty(out.shape, np.float32)
+    _core.convert_pixels(np.ascontiguousarray(pixels), target, chw, transform.lin, transform.matrix, transform.encode,
+                         transform.curve, transform.byte_curve, transform.second, scale, offset)
+    if target is not out:
+        out[...] = target
+
+
+def _affine(dtype: np.dtype, channels: int, coefs) -> tuple[np.ndarray, np.ndarray]:
+    if coefs is None:
+        full = 255.0 if dtype == np.uint8 else 1.0
+        return np.full(4, full, np.float32), np.zeros(4, np.float32)
+    scale, offset = coefs.affine(channels)
+    # the kernel's values are fractions; Coefs act on the 0-255 scale
+    return (np.asarray(scale, np.float64) * 255.0).astype(np.float32), np.asarray(offset, np.float32)
+
+
+__all__ = ["ImageError", "ProfileError", "crop_box", "decode_into", "flips"]
