@@ -146,3 +146,32 @@ def test_mark_item_records_task_position_and_time(arena):
     assert abs(_core.monotonic_ns() - time.monotonic_ns()) < 50_000_000
     with pytest.raises(IndexError):
         _core.mark_item(arena, (1 << 16) - 8, 1, 1)
+
+
+def test_pixel_kernel_refuses_mismatched_arguments():
+    from hydrax._core import convert_pixels
+
+    src = np.zeros((4, 5, 3), np.uint8)
+    lin = np.zeros((3, 256), np.float32)
+    eye = np.eye(3, dtype=np.float32)
+    curve = np.linspace(0, 1, 5, dtype=np.float32)
+    none = np.zeros(0, np.uint8)
+    unit = np.ones(4, np.float32)
+
+    def call(out, **kwargs):
+        args = dict(chw=False, lin=lin, matrix=eye, encode=0, curve=curve, byte_curve=none, second=eye, scale=unit, offset=unit)
+        args.update(kwargs)
+        convert_pixels(src, out, args["chw"], args["lin"], args["matrix"], args["encode"], args["curve"], args["byte_curve"],
+                       args["second"], args["scale"], args["offset"])
+
+    with pytest.raises(ValueError, match="pixels are 4x5 but the output is 5x4"):
+        call(np.zeros((5, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="cannot convert 3 channels into 2"):
+        call(np.zeros((4, 5, 2), np.float32))
+    with pytest.raises(ValueError, match="lin must be"):
+        call(np.zeros((4, 5, 3), np.float32), lin=np.zeros((3, 16), np.float32))
+    with pytest.raises(ValueError, match="unknown encoding 7"):
+        call(np.zeros((4, 5, 3), np.float32), encode=7)
+    out = np.zeros((3, 4, 5), np.float32)
+    call(out, chw=True, encode=1, lin=np.ones((3, 256), np.float32) * 0.5, scale=np.full(4, 2, np.float32), offset=np.zeros(4, np.float32))
+    assert (out == 1.0).all()

@@ -349,3 +349,23 @@ def test_decoding_in_loader_workers_drops_only_the_batch_with_a_broken_image(tmp
             decode_into(encode(images[index], profile=profile), expected, layout="chw", crop="random", flip=True, seed=seed,
                         coefs=Coefs.IMAGENET_SRGB)
             assert np.array_equal(arrays[k], expected)  # the same pixels as in this process: reproducible
+
+
+@needs_profiles
+def test_webp_with_a_profile_is_colour_managed():
+    from PIL import features
+
+    if not features.check("webp"):
+        pytest.skip("this Pillow has no WebP support")
+    pixels = sample_pixels()
+    profile = (ICC / "ProPhotoRGB.icc").read_bytes()
+    out = np.empty((64, 64, 3), np.uint8)
+    decode_into(encode(pixels, "WEBP", profile=profile, lossless=True), out)
+    assert np.abs(out.astype(int) - lcms(pixels, profile, INTENTS["relative"])).max() <= 1
+
+
+@needs_profiles
+def test_a_profile_for_other_data_is_refused():
+    data = encode(sample_pixels(), profile=(ICC / "Gray.icc").read_bytes())  # a gray profile in an RGB image
+    with pytest.raises(ProfileError, match="cannot convert a mode 'RGB' image"):
+        decode_into(data, np.empty((64, 64, 3), np.uint8))
