@@ -1,0 +1,7 @@
+"""``python -m hydrax``: the same as the ``hydrax`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""What the subcommands share: S3 options, progress bars, and reporting failures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+class CommandError(Exception):
+    """A failure to report in one line (naming the file or URL) with exit status 1."""
+
+
+def add_s3_options(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint-url`` and ``--region`` for ``s3://`` URLs (credentials come the standard AWS way)."""
+    group = parser.add_argument_group("S3", "for s3:// URLs; credentials come from the environment or AWS config files")
+    group.add_argument("--endpoint-url", metavar="URL", help="an S3-compatible endpoint (default: AWS)")
+    group.add_argument("--region", help="the region (default: from the AWS configuration)")
+
+
+def s3_options(args: argparse.Namespace):
+    """The :class:`hydrax.shards.S3Options` the arguments ask for."""
+    from ..shards import S3Options
+
+    return S3Options(endpoint_url=getattr(args, "endpoint_url", None), region=getattr(args, "region", None))
+
+
+def progress(total: int | None, description: str, unit: str, quiet: bool = False) -> Any:
+    """A tqdm bar on stderr when tqdm is installed and output is wanted, else a silent stand-in."""
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=description, unit=unit, disable=quiet, file=sys.stderr)
+    except ImportError:
+        return _Silent()
+
+
+class _Silent:
+    def update(self, _n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, _text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        pass
+
+
+def report(command: str, message: object) -> None:
+    """Print ``hydrax COMMAND: message`` on stderr."""
+    print(f"hydrax {command}: {message}", file=sys.stderr)
