@@ -36,3 +36,33 @@ exclude_patterns = ["_build"]
 html_theme = "alabaster"
 html_static_path: list[str] = []
 html_title = f"hydrax {release}"
+
+
+def _command_help(command: str) -> str:
+    """The ``--help`` text of ``hydrax COMMAND`` (words separated by spaces), as the CLI prints it."""
+    import argparse
+
+    from hydrax.cli import parser
+
+    current: argparse.ArgumentParser = parser()
+    for word in command.split():
+        actions = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        current = actions[0].choices[word]
+    os.environ.setdefault("COLUMNS", "100")
+    return current.format_help()
+
+
+def setup(app):
+    """The ``hydrax-help`` directive: a subcommand's help, generated from the parser itself."""
+    from docutils import nodes
+    from docutils.parsers.rst import Directive
+
+    class HydraxHelp(Directive):
+        required_arguments = 1
+        final_argument_whitespace = True
+
+        def run(self):
+            text = _command_help(self.arguments[0])
+            return [nodes.literal_block(text, text)]
+
+    app.add_directive("hydrax-help", HydraxHelp)

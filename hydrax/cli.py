@@ -17,13 +17,7 @@ SHARD_COMMANDS = ("build", "index", "verify", "inspect")
 
 def _register(subparsers, names) -> None:
     for name in names:
-        try:
-            module = importlib.import_module(f".commands.{name}", __package__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.commands.{name}":
-                raise
-            continue  # not written yet
-        module.register(subparsers)
+        importlib.import_module(f".commands.{name}", __package__).register(subparsers)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -103,3 +103,27 @@ def pytest_runtest_setup(item):
 
         if jax.default_backend() != "cpu":
             pytest.skip("about XLA:CPU aliasing host memory; this backend copies to the device")
+
+
+@pytest.fixture
+def s3_store():
+    """A real S3-protocol server (moto's) on 127.0.0.1, empty but for the bucket ``data``.
+
+    Yields ``(endpoint URL, boto3 client)``.
+    """
+    import urllib.request
+
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    instance = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    instance.start()
+    try:
+        endpoint = f"http://127.0.0.1:{instance._server.server_port}"
+        # moto keeps one store per process, whatever the server: start every test from nothing
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST")).read()
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="data")
+        yield endpoint, client
+    finally:
+        instance.stop()

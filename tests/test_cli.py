@@ -26,10 +26,14 @@ def test_info_reports_backend_and_start_method():
     assert "memfd (supported)" in result.stdout
 
 
-def test_demo_trains_and_resumes_exactly():
-    result = hydrax("demo")
+def test_demo_trains_on_the_bundled_digits_and_resumes_exactly():
+    result = hydrax("demo", "--epochs", "6")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "identical to the first run: True" in result.stdout and "[demo] OK" in result.stdout
+    lines = result.stdout.splitlines()
+    accuracies = [float(line.rsplit(" ", 1)[1].rstrip("%")) for line in lines if line.startswith("[demo] epoch ")]
+    assert len(accuracies) == 6 and accuracies[-1] >= 95.0
+    assert "bit-identical to the uninterrupted run: True" in result.stdout and "[demo] OK" in result.stdout
+    assert "items/s" in result.stdout
 
 
 def test_shards_index_builds_indexes_ahead_of_time(tmp_path):
@@ -46,3 +50,36 @@ def test_shards_index_builds_indexes_ahead_of_time(tmp_path):
     (tmp_path / "t-01.tar").write_bytes(b"\0" * 100)  # now broken
     result = hydrax("shards", "index", "--force", "-q", str(tmp_path / "t-*.tar"))
     assert result.returncode == 1 and "t-01.tar: at byte offset 0" in result.stderr
+
+
+def test_bench_measures_a_loader_over_shards(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from hydrax.shards import ShardWriter
+
+    with ShardWriter(str(tmp_path / "b-%02d.tar"), maxcount=20) as writer:
+        for i in range(40):
+            buffer = io.BytesIO()
+            Image.fromarray(np.full((20, 24, 3), i * 6, np.uint8)).save(buffer, "PNG")
+            writer.write({"__key__": f"k{i:02d}", "png": buffer.getvalue(), "cls": str(i % 4)})
+    result = hydrax("bench", str(tmp_path / "b-*.tar"), "--seconds", "1.5", "--size", "16", "--batch-size", "8", "-q")
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.strip().splitlines()[-1]
+    for part in ("items/s", "MB/s", "batches/s", "waited", "first batch"):
+        assert part in summary
+    assert float(summary.split()[1].replace(",", "")) > 0
+    result = hydrax("bench", str(tmp_path / "b-*.tar"), "--field", "txt", "--seconds", "1")
+    assert result.returncode == 1 and "no image field txt in sample 'k00'" in result.stderr
+    result = hydrax("bench", str(tmp_path / "b-*.tar"), "--decode", "bytes", "--seconds", "1", "-q")
+    assert result.returncode == 0 and "items/s" in result.stdout
+
+
+def test_python_m_hydrax_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "hydrax", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "shards" in result.stdout and "bench" in result.stdout
+    for command in (["info"], ["demo"], ["bench"], ["shards", "index"]):
+        help_text = subprocess.run([sys.executable, "-m", "hydrax", *command, "--help"], capture_output=True, text=True, timeout=60).stdout
+        assert "example: hydrax" in help_text, command

@@ -43,6 +43,9 @@ def test_an_index_is_built_on_first_use_written_beside_the_shard_and_read_back(s
     assert [again.fields(i) for i in range(50)] == [first.fields(i) for i in range(50)]
     assert [again.key(i) for i in range(50)] == [first.key(i) for i in range(50)]
     assert sorted(os.listdir(shard.parent)) == ["train-000000.tar", "train-000000.tar.hidx"]  # no temporaries
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # as readable as the shard, not private
 
 
 def test_nothing_is_written_when_asked_not_to(shard):
@@ -55,6 +58,30 @@ def test_an_index_that_no_longer_matches_its_shard_is_an_error(shard):
     with open(shard, "ab") as f:
         f.write(b"\0" * 512)
     with pytest.raises(ShardFormatError, match=r"train-000000.tar: its index .* was built for a shard of \d+ bytes.*rebuild it"):
+        open_index(shard)
+
+
+def test_a_shard_with_only_a_new_time_keeps_its_index_after_a_header_check(shard):
+    first = open_index(shard)
+    os.utime(shard, ns=(1_000_000_000, 1_000_000_000))  # as a copy or a git checkout leaves it
+    again = open_index(shard)
+    assert again.same_samples(first) and again.shard_mtime_ns == 1_000_000_000
+    assert ShardIndex.load(index_path(shard)).shard_mtime_ns == 1_000_000_000  # refreshed on disk
+    data = bytearray(shard.read_bytes())
+    data[512 + 100] ^= 0xFF  # a payload byte of the first member: same size, same headers
+    shard.write_bytes(bytes(data))
+    assert open_index(shard).same_samples(first)  # the index only describes the headers
+    # rewritten with other keys of the same length: the same size, other contents
+    import webdataset as wds
+
+    with wds.TarWriter(str(shard)) as sink:
+        for i in range(50):
+            sample = {"__key__": f"new/{i:05d}", "jpg": os.urandom(300 + i), "cls": str(i % 10).encode()}
+            if i % 7 == 0:
+                sample["json"] = b'{"odd": true}'
+            sink.write(sample)
+    assert shard.stat().st_size == len(data)
+    with pytest.raises(ShardFormatError, match="and other contents; delete the index"):
         open_index(shard)
 
 

@@ -14,20 +14,9 @@ KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "u
 
 
 @pytest.fixture
-def server():
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    instance = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    instance.start()
-    try:
-        endpoint = f"http://127.0.0.1:{instance._server.server_port}"
-        options = S3Options(endpoint_url=endpoint, **KEYS)
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                              aws_access_key_id="testing", aws_secret_access_key="testing")
-        client.create_bucket(Bucket="data")
-        yield options, client
-    finally:
-        instance.stop()
+def server(s3_store):
+    endpoint, client = s3_store
+    return S3Options(endpoint_url=endpoint, **KEYS), client
 
 
 @pytest.fixture

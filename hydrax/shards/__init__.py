@@ -10,3 +10,11 @@ __all__ = [
     "Member", "S3Options", "Sample", "SampleRef", "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter",
     "build_index", "default_cache_dir", "expand_urls", "group_samples", "index_path", "open_index", "read_wids_descriptor", "scan_members",
 ]
+
+from .build import (BuildError, BuildReport, SourceSample, build_shards, samples_from_files, samples_from_folder,
+                    samples_from_list, samples_from_manifest)
+
+__all__ += [
+    "BuildError", "BuildReport", "SourceSample", "build_shards", "samples_from_files", "samples_from_folder",
+    "samples_from_list", "samples_from_manifest",
+]

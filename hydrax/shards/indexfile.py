@@ -38,6 +38,18 @@ def index_path(shard: str) -> str:
     return os.fspath(shard) + SUFFIX
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 class ShardIndex:
     """The samples of one shard: keys and field locations, in shard order."""
 
@@ -87,6 +99,12 @@ class ShardIndex:
             for f, o, n in zip(self._entry_field[start:end].tolist(), self._entry_offset[start:end].tolist(), self._entry_size[start:end].tolist())
         }
 
+    def same_samples(self, other: ShardIndex) -> bool:
+        """Whether ``other`` lists the same samples, fields, offsets and sizes (whatever the shard's time)."""
+        mine = (self._key_bytes, self._key_ends, self._sample_ends, self._entry_field, self._entry_offset, self._entry_size)
+        theirs = (other._key_bytes, other._key_ends, other._sample_ends, other._entry_field, other._entry_offset, other._entry_size)
+        return self.field_names == other.field_names and all(np.array_equal(a, b) for a, b in zip(mine, theirs))
+
     def save(self, path: str) -> None:
         """Write the index to ``path`` atomically (a temporary file beside it, then a rename)."""
         meta = {"format": FORMAT, "shard_size": self.shard_size, "shard_mtime_ns": self.shard_mtime_ns,
@@ -94,6 +112,8 @@ class ShardIndex:
         folder = os.path.dirname(os.path.abspath(path))
         fd, temporary = tempfile.mkstemp(prefix=".hidx-", dir=folder)
         try:
+            # mkstemp makes the file private; an index is as readable as any file the user writes
+            os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), key_bytes=self._key_bytes,
                          key_ends=self._key_ends, sample_ends=self._sample_ends, entry_field=self._entry_field,
@@ -137,7 +157,9 @@ def build_index(shard: str) -> ShardIndex:
 
 def open_index(shard: str, *, write: bool = True) -> ShardIndex:
     """The index of the local shard ``shard``: read from beside it, or built (and written, with
-    ``write``) when there is none. An index that no longer matches its shard is an error."""
+    ``write``) when there is none. An index that no longer matches its shard is an error; one whose
+    shard only has a new modification time (copied, checked out) is checked against the shard's
+    headers and, when they agree, refreshed."""
     shard = os.fspath(shard)
     path = index_path(shard)
     try:
@@ -148,13 +170,23 @@ def open_index(shard: str, *, write: bool = True) -> ShardIndex:
             index.save(path)
         return index
     stat = os.stat(shard)
-    if (index.shard_size, index.shard_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-        raise ShardFormatError(
-            f"{shard}: its index {path} was built for a shard of {index.shard_size} bytes modified at "
-            f"{index.shard_mtime_ns} ns, but the shard now has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns; "
-            "delete the index, or rebuild it with `hydrax shards index`"
-        )
-    return index
+    if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        return index
+    if index.shard_size == stat.st_size:
+        # A copy or a git checkout changes the modification time alone: let the headers decide.
+        fresh = build_index(shard)
+        if fresh.same_samples(index):
+            if write:
+                try:
+                    fresh.save(path)  # with the new time, so the next open skips the scan
+                except OSError:
+                    pass  # a read-only data folder: scan again next time
+            return fresh
+    raise ShardFormatError(
+        f"{shard}: its index {path} was built for a shard of {index.shard_size} bytes modified at "
+        f"{index.shard_mtime_ns} ns, but the shard now has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns, "
+        "and other contents; delete the index, or rebuild it with `hydrax shards index --force`"
+    )
 
 
 def read_wids_descriptor(source: str | dict, base: str | None = None) -> list[tuple[str, int]]:

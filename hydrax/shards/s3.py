@@ -24,6 +24,9 @@ class S3Options:
     secret_access_key: str | None = None
     session_token: str | None = None
     max_attempts: int = 5
+    #: Seconds to wait for a connection and for data on it, per attempt (botocore's defaults are 60).
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -55,7 +58,8 @@ def client(options: S3Options):
             aws_access_key_id=options.access_key_id,
             aws_secret_access_key=options.secret_access_key,
             aws_session_token=options.session_token,
-            config=Config(retries={"max_attempts": options.max_attempts, "mode": "standard"}),
+            config=Config(retries={"max_attempts": options.max_attempts, "mode": "standard"},
+                          connect_timeout=options.connect_timeout, read_timeout=options.read_timeout),
         )
         _clients[key] = found
     return found

@@ -89,3 +89,15 @@ def group_samples(members: list[Member], url: str = "<buffer>") -> list[Sample]:
             )
         sample.fields[suffix] = (member.offset, member.size)
     return samples
+
+
+#: Field names (last extension, lower-cased) that hold encoded images, as WebDataset names them.
+IMAGE_EXTENSIONS = frozenset({
+    "jpg", "jpeg", "jpe", "jfif", "png", "apng", "gif", "bmp", "dib", "webp", "tif", "tiff", "ppm",
+    "pgm", "pbm", "pnm", "jp2", "j2k", "jpx", "avif", "heic", "heif", "jxl", "tga", "ico", "qoi",
+})
+
+
+def is_image_field(name: str) -> bool:
+    """Whether the field ``name`` (``"jpg"``, ``"seg.png"``) holds an image, by its last extension."""
+    return name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS

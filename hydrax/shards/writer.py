@@ -116,6 +116,20 @@ class ShardWriter:
         """Finish the current shard (and its index)."""
         self._finish()
 
+    def abort(self) -> None:
+        """Stop without finishing the current shard: close and delete it, with no index and no
+        ``post`` call (for a caller that is failing; shards already finished stay)."""
+        if self._tar is None:
+            return
+        tar, self._tar = self._tar, None
+        # TarFile.close() would write the end-of-archive blocks; only the file is closed here.
+        tar.fileobj.close()
+        tar.closed = True
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+
     def __enter__(self) -> ShardWriter:
         return self
 

@@ -1,0 +1,234 @@
+"""``hydrax shards inspect``, ``hydrax stat`` and ``hydrax show`` end to end (``hydrax shards verify``
+too, through a local S3 server), on shards written here, checked against numbers computed here."""
+
+import io
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hydrax.shards import ShardWriter
+
+pytest.importorskip("PIL")
+
+LABELS = ("cat", "dog", "emu")
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def hydrax(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "hydrax", *args], check=False, capture_output=True, text=True,
+                          timeout=120, env=None if env is None else {**os.environ, **env})
+
+
+def encode(pixels, kind):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, kind)
+    return buffer.getvalue()
+
+
+def decode(data):
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """Three shards of 8 samples (the last one of 4): PNGs of assorted sizes, a JPEG on every third
+    sample, and cls labels (cat twice as often as the others); returns the paths and the samples."""
+    rng = np.random.default_rng(7)
+    samples = []
+    with ShardWriter(str(tmp_path / "train-%02d.tar"), maxcount=8) as writer:
+        for i in range(20):
+            pixels = rng.integers(0, 256, (5 + i % 4, 6 + i % 3, 3), np.uint8)
+            sample = {"__key__": f"k{i:03d}", "png": encode(pixels, "PNG"), "cls": LABELS[i % 4 % 3]}
+            if i % 3 == 0:
+                sample["jpg"] = encode(pixels, "JPEG")
+            writer.write(sample)
+            samples.append(sample)
+    return writer.paths, samples
+
+
+def expected_fields(samples):
+    fields = {}
+    for sample in samples:
+        for name, value in sample.items():
+            if name != "__key__":
+                fields.setdefault(name, []).append(len(value))
+    return {name: {"count": len(v), "total": sum(v), "min": min(v), "mean": pytest.approx(np.mean(v)), "max": max(v)}
+            for name, v in fields.items()}
+
+
+def test_inspect_lists_samples_fields_and_sizes(dataset):
+    paths, samples = dataset
+    result = hydrax("shards", "inspect", "--json", "--limit", "3", paths[1])
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    mine = samples[8:16]
+    assert found["url"] == paths[1] and found["samples"] == 8
+    assert found["fields"] == expected_fields(mine)
+    assert [s["key"] for s in found["first"]] == ["k008", "k009", "k010"]
+    assert found["first"][1]["fields"] == {"cls": 3, "jpg": len(mine[1]["jpg"]), "png": len(mine[1]["png"])}
+    with open(paths[1], "rb") as f:  # the offsets are where the bytes are
+        data = f.read()
+    offset = found["first"][0]["offsets"]["png"]
+    assert data[offset : offset + len(mine[0]["png"])] == mine[0]["png"]
+
+    text = hydrax("shards", "inspect", paths[2])
+    assert text.returncode == 0 and "samples: 4" in text.stdout and "first 4 samples:" in text.stdout
+    assert f"k018  cls 3 B, jpg {len(samples[18]['jpg']):,} B, png {len(samples[18]['png']):,} B" in text.stdout
+
+    several = hydrax("shards", "inspect", str(paths[0]).replace("00", "*"))
+    assert several.returncode == 2 and "names 3 shards; inspect takes one" in several.stderr
+    missing = hydrax("shards", "inspect", paths[0] + ".gone")
+    assert missing.returncode == 1 and f"{paths[0]}.gone" in missing.stderr and "does not exist" in missing.stderr
+
+
+def expected_stats(samples):
+    images = {}
+    for field in ("png", "jpg"):
+        pixels = [decode(s[field]) for s in samples if field in s]
+        flat = np.concatenate([p.reshape(-1, 3) for p in pixels]).astype(np.float64) / 255
+        images[field] = {"count": len(pixels), "mean": flat.mean(axis=0), "std": flat.std(axis=0),
+                         "widths": [p.shape[1] for p in pixels], "heights": [p.shape[0] for p in pixels]}
+    return images, Counter(s["cls"] for s in samples)
+
+
+def check_stats(found, samples):
+    images, labels = expected_stats(samples)
+    assert found["samples"] == len(samples)
+    assert found["fields"] == expected_fields(samples)
+    for field, want in images.items():
+        got = found["images"][field]
+        assert got["count"] == want["count"] and got["failed"] == 0
+        assert got["mean"] == pytest.approx(want["mean"], abs=1e-6) and got["std"] == pytest.approx(want["std"], abs=1e-6)
+        assert got["width"] == {"min": min(want["widths"]), "median": np.median(want["widths"]), "max": max(want["widths"])}
+        sizes = Counter(f"{w}x{h}" for w, h in zip(want["widths"], want["heights"]))
+        ranked = sorted(sizes.items(), key=lambda item: (-item[1], *map(int, item[0].split("x"))))
+        assert got["sizes"] == dict(ranked[:10])  # the commonest, ties by width then height
+    assert found["labels"] == {"fields": {"cls": len(samples)}, "counts": dict(sorted(labels.items()))}
+
+
+def test_stat_counts_sizes_pixels_and_labels(dataset, tmp_path):
+    paths, samples = dataset
+    result = hydrax("stat", "--json", str(tmp_path / "train-{00..02}.tar"))
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert (found["shards"], found["total_samples"]) == (3, 20)
+    check_stats(found, samples)
+    assert found["images"]["png"]["sizes"]["6x5"] == sum(1 for i in range(20) if (i % 4, i % 3) == (0, 0))
+
+    limited = json.loads(hydrax("stat", "--json", "--limit", "4", "--no-pixels", str(tmp_path / "train-*.tar")).stdout)
+    assert limited["samples"] == 4 and limited["total_samples"] == 20  # samples 0, 6, 13 and 19
+    assert limited["labels"]["counts"] == dict(sorted(Counter(samples[i]["cls"] for i in (0, 6, 13, 19)).items()))
+    assert "mean" not in limited["images"]["png"] and limited["images"]["png"]["count"] == 4
+
+    text = hydrax("stat", "-q", "--label-field", "cls", paths[0])
+    assert text.returncode == 0, text.stderr
+    assert "shards: 1  samples: 8" in text.stdout and "labels (cls): 3 distinct over 8 samples" in text.stdout
+    assert "cat          4  50.0%" in text.stdout and "images (png): 8 read" in text.stdout and "  mean  " in text.stdout
+
+    with ShardWriter(str(tmp_path / "odd-%02d.tar"), maxcount=10) as writer:
+        writer.write({"__key__": "ok", "png": samples[0]["png"], "cls": "1"})
+        writer.write({"__key__": "broken", "png": b"\x89PNG not really", "cls": "2"})
+    bad = hydrax("stat", "-q", writer.paths[0])
+    assert bad.returncode == 1 and f"hydrax stat: {writer.paths[0]}: sample 'broken' field 'png': not an image" in bad.stderr
+    assert "images (png): 1 read, 1 unreadable" in bad.stdout
+    missing = hydrax("stat", str(tmp_path / "nothing-*.tar"))
+    assert missing.returncode == 1 and "nothing-*.tar" in missing.stderr and "matches no file" in missing.stderr
+
+
+def test_show_writes_a_grid_and_keeps_existing_files(dataset, tmp_path):
+    from PIL import Image
+
+    from hydrax.commands.show import grid_size
+
+    paths, _ = dataset
+    out = tmp_path / "grid.png"
+    result = hydrax("show", "--count", "7", "--tile", "40", str(tmp_path / "train-*.tar"), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert grid_size(7, 3, 40) == (3 * 44 + 4, 3 * (40 + 28) + 4)
+    with Image.open(out) as grid:
+        assert grid.format == "PNG" and grid.size == grid_size(7, 3, 40)
+        first = np.asarray(grid.convert("RGB"))[4:44, 4:44]
+    assert first.std() > 20  # the first tile holds the (noisy) first image
+    assert "7 samples in a 3x3 grid" in result.stdout
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+    before = out.read_bytes()
+    again = hydrax("show", "--count", "4", str(paths[0]), "--out", str(out))
+    assert again.returncode == 1 and f"{out} exists; pass --force" in again.stderr and out.read_bytes() == before
+    shuffled = hydrax("show", "-n", "30", "--shuffle", "--seed", "2", "--columns", "5", "--tile", "32", "--force",
+                      str(tmp_path / "train-*.tar"), "-o", str(out))
+    assert shuffled.returncode == 0, shuffled.stderr
+    with Image.open(out) as grid:
+        assert grid.size == grid_size(20, 5, 32)  # only 20 samples exist
+    repeat = tmp_path / "again.png"
+    hydrax("show", "-n", "30", "--shuffle", "--seed", "2", "--columns", "5", "--tile", "32", str(tmp_path / "train-*.tar"),
+           "-o", str(repeat))
+    assert repeat.read_bytes() == out.read_bytes()
+
+    with ShardWriter(str(tmp_path / "text-%02d.tar"), maxcount=10) as writer:
+        writer.write({"__key__": "words", "txt": "no picture here"})
+    missing_image = hydrax("show", writer.paths[0], "--out", str(tmp_path / "text.png"))
+    assert missing_image.returncode == 1 and f"{writer.paths[0]}: sample 'words': has no image field" in missing_image.stderr
+    assert (tmp_path / "text.png").exists()  # the grid is written, the sample crossed out
+
+
+@pytest.mark.parametrize("command", [("shards", "inspect"), ("stat",), ("show",)])
+def test_help_explains_with_an_example(command):
+    result = hydrax(*command, "--help")
+    assert result.returncode == 0 and "examples:" in result.stdout and f"hydrax {' '.join(command)} " in result.stdout
+
+
+@pytest.fixture
+def server(s3_store):
+    return s3_store
+
+
+def test_verify_and_stat_through_s3(server, dataset, tmp_path):
+    endpoint, client = server
+    paths, samples = dataset
+    for path in paths:
+        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
+    client.put_object(Bucket="data", Key="broken/cut.tar", Body=Path(paths[0]).read_bytes()[:1500])
+    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
+
+    result = hydrax("shards", "verify", "--decode", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "3 shards, 20 samples, 27 images decoded: 3 ok" in result.stdout
+    assert re.search(r"^s3://data/shards/train-00.tar +8 +11 +remote +ok$", result.stdout, re.MULTILINE)
+    broken = hydrax("shards", "verify", "-q", "--endpoint-url", endpoint, "s3://data/broken/cut.tar",
+                    "s3://data/shards/none.tar", env=env)
+    assert broken.returncode == 1
+    assert "hydrax shards verify: s3://data/broken/cut.tar: at byte offset" in broken.stderr and "truncated" in broken.stderr
+    assert "s3://data/shards/none.tar: does not exist" in broken.stderr
+
+    stat = hydrax("stat", "--json", "-q", "--endpoint-url", endpoint, "--region", "us-east-1",
+                  "s3://data/shards/train-{00..02}.tar", env=env)
+    assert stat.returncode == 0, stat.stderr
+    check_stats(json.loads(stat.stdout), samples)
+    assert not os.path.exists(tmp_path / "cache")  # stat writes no index anywhere
+
+
+def test_an_unreachable_endpoint_is_named_and_fails_fast(tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path)}
+    for command in (("shards", "verify"), ("stat",), ("shards", "inspect"), ("show", "--out", str(tmp_path / "g.png"))):
+        started = time.monotonic()
+        result = hydrax(*command, "--endpoint-url", f"http://127.0.0.1:{port}", "s3://data/train-00.tar", env=env)
+        assert result.returncode == 1, (command, result.stderr)
+        assert "s3://data/train-00.tar" in result.stderr and "the request failed after retries" in result.stderr, result.stderr
+        assert time.monotonic() - started < 30
