@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> None:
 
     folder = args.shards or default_shards()
     try:
-        train_set = ShardSet(os.path.join(folder, "digits-train-*.tar"))
-        val_set = ShardSet(os.path.join(folder, "digits-val-*.tar"))
+        # write_index=False: a checkout gives the shards new times; the indexes are checked, not rewritten
+        train_set = ShardSet(os.path.join(folder, "digits-train-*.tar"), write_index=False)
+        val_set = ShardSet(os.path.join(folder, "digits-val-*.tar"), write_index=False)
     except FileNotFoundError as exc:
         raise SystemExit(f"[demo] {exc}: run it from the repository, or pass --shards (tools/make_digits_shards.py rebuilds them)")
     arrays = {"image": ((SIDE, SIDE, 3), np.float32, jnp.float32), "label": ((), np.int32, jnp.int32)}

@@ -70,7 +70,8 @@ class ShardSet(Sequence["SampleRef"]):
     """The samples of the tar shards ``urls``, in shard order.
 
     :param urls: a path, ``file://`` or ``s3://`` URL, glob or brace pattern, or a list of them.
-    :param write_index: write a missing index: ``<shard>.hidx`` beside a local shard, or into
+    :param write_index: write a missing index (or refresh one whose shard only has a new
+        modification time): ``<shard>.hidx`` beside a local shard, or into
         ``cache_dir`` for a remote one (else only build it in memory).
     :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
         configuration).
