@@ -83,3 +83,22 @@ def test_python_m_hydrax_is_the_command():
     for command in (["info"], ["demo"], ["bench"], ["shards", "index"]):
         help_text = subprocess.run([sys.executable, "-m", "hydrax", *command, "--help"], capture_output=True, text=True, timeout=60).stdout
         assert "example: hydrax" in help_text, command
+
+
+def test_bench_reads_shards_from_s3(s3_store, tmp_path):
+    import os
+
+    from hydrax.shards import ShardWriter
+
+    endpoint, client = s3_store
+    with ShardWriter(str(tmp_path / "r-%02d.tar"), maxcount=50) as writer:
+        for i in range(100):
+            writer.write({"__key__": f"k{i:03d}", "bin": bytes([i]) * 100, "cls": str(i % 3)})
+    for path in writer.paths:
+        client.upload_file(path, "data", f"bench/{os.path.basename(path)}")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+               HYDRAX_CACHE=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-m", "hydrax", "bench", "s3://data/bench/r-*.tar", "--decode", "bytes", "--seconds", "1.5",
+                             "--batch-size", "10", "-q", "--endpoint-url", endpoint], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("items/s ") and float(result.stdout.split()[1].replace(",", "")) > 0

@@ -8,17 +8,21 @@ import pytest
 from hydrax.shards import ShardFormatError, ShardIndex, build_index, group_samples, index_path, open_index, read_wids_descriptor, scan_members
 
 
-@pytest.fixture
-def shard(tmp_path):
+def write_shard(path, folder="img"):
+    """50 samples written by webdataset itself, keys ``<folder>/00000``..., some with a json field."""
     wds = pytest.importorskip("webdataset")
-    path = tmp_path / "train-000000.tar"
     with wds.TarWriter(str(path)) as sink:
         for i in range(50):
-            sample = {"__key__": f"img/{i:05d}", "jpg": os.urandom(300 + i), "cls": str(i % 10).encode()}
+            sample = {"__key__": f"{folder}/{i:05d}", "jpg": os.urandom(300 + i), "cls": str(i % 10).encode()}
             if i % 7 == 0:
                 sample["json"] = b'{"odd": true}'
             sink.write(sample)
     return path
+
+
+@pytest.fixture
+def shard(tmp_path):
+    return write_shard(tmp_path / "train-000000.tar")
 
 
 def test_an_index_lists_every_sample_with_its_field_locations(shard):
@@ -71,15 +75,7 @@ def test_a_shard_with_only_a_new_time_keeps_its_index_after_a_header_check(shard
     data[512 + 100] ^= 0xFF  # a payload byte of the first member: same size, same headers
     shard.write_bytes(bytes(data))
     assert open_index(shard).same_samples(first)  # the index only describes the headers
-    # rewritten with other keys of the same length: the same size, other contents
-    import webdataset as wds
-
-    with wds.TarWriter(str(shard)) as sink:
-        for i in range(50):
-            sample = {"__key__": f"new/{i:05d}", "jpg": os.urandom(300 + i), "cls": str(i % 10).encode()}
-            if i % 7 == 0:
-                sample["json"] = b'{"odd": true}'
-            sink.write(sample)
+    write_shard(shard, "new")  # other keys of the same length: the same size, other contents
     assert shard.stat().st_size == len(data)
     with pytest.raises(ShardFormatError, match="and other contents; delete the index"):
         open_index(shard)
