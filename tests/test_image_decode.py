@@ -236,6 +236,10 @@ def test_bad_input_names_the_reason():
         decode_into(jpeg, np.empty((64, 64, 3), np.int32))
     with pytest.raises(ValueError, match="Oklab output must be float"):
         decode_into(jpeg, out, space="oklab")
+    with pytest.raises(ValueError, match="bad_profile must be"):
+        decode_into(jpeg, out, bad_profile="ignore")
+    with pytest.raises(ValueError):
+        decode_into(jpeg, out, convert=(9, 0))  # no such intent
 
 
 @needs_profiles

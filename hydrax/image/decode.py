@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _core
 from .icc import ProfileError
+from .srgb import _check_convert
 from .transform import PixelTransform, transform_for
 
 #: Orientation tag values that swap width and height (EXIF 5-8).
@@ -164,6 +165,9 @@ def decode_into(
     """
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'hwc' or 'chw', got {layout!r}")
+    if bad_profile not in ("raise", "warn"):
+        raise ValueError(f"bad_profile must be 'raise' or 'warn', got {bad_profile!r}")
+    _check_convert(convert)
     if crop not in _CROPS:
         raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
     if (crop == "random" or flip) and seed is None:
@@ -220,7 +224,7 @@ def _orientation(image) -> int | None:
 
 def _littlecms(image, profile: bytes, convert: tuple, bad_profile: str):
     """``image`` converted to sRGB by LittleCMS (gray, CMYK and lookup-table profiles)."""
-    from .srgb import _check_convert, _convert_with_profile
+    from .srgb import _convert_with_profile
 
     mode = "RGBA" if image.mode in ("LA", "RGBA", "PA") else "RGB"
     try:
