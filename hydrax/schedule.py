@@ -137,21 +137,20 @@ def host_share(plan: GroupPlan, process_index: int, process_count: int) -> Group
     return replace(plan, share_first=positions.start, share_size=len(positions))
 
 
-def batch_items(order: np.ndarray | None, batch_size: int, group_index: int) -> Sequence[int]:
-    """The item indices (Python ints) of batch ``group_index`` under the item ``order``."""
-    start = group_index * batch_size
+def batch_items(order: np.ndarray | None, batch_size: int, group_index: int, first: int = 0,
+                count: int | None = None) -> Sequence[int]:
+    """The item indices (Python ints) of batch ``group_index`` under the item ``order``: all of
+    them, or ``count`` from position ``first``."""
+    start = group_index * batch_size + first
+    stop = start + (batch_size - first if count is None else count)
     if order is None:
-        return range(start, start + batch_size)
-    return order[start : start + batch_size].tolist()
+        return range(start, stop)
+    return order[start:stop].tolist()
 
 
 def local_items(plan: GroupPlan, order: np.ndarray | None, group_index: int) -> Sequence[int]:
     """The item indices of this process's share of batch ``group_index`` under the item ``order``."""
-    start = group_index * plan.batch_size + plan.share_first
-    stop = start + plan.local_batch_size
-    if order is None:
-        return range(start, stop)
-    return order[start:stop].tolist()
+    return batch_items(order, plan.batch_size, group_index, plan.share_first, plan.local_batch_size)
 
 
 def local_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:

@@ -167,7 +167,7 @@ def decode_into(
         raise ValueError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if bad_profile not in ("raise", "warn"):
         raise ValueError(f"bad_profile must be 'raise' or 'warn', got {bad_profile!r}")
-    _check_convert(convert)
+    intent, flags = _check_convert(convert)
     if crop not in _CROPS:
         raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
     if (crop == "random" or flip) and seed is None:
@@ -211,7 +211,7 @@ def decode_into(
         resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     transform = transform_for(profile, resized.mode, space, bad_profile=bad_profile)
     if transform.lcms:
-        resized = _littlecms(resized, profile, convert, bad_profile)
+        resized = _littlecms(resized, profile, intent, flags, bad_profile)
     _write(resized, transform, out, chw, channels, coefs)
 
 
@@ -222,13 +222,13 @@ def _orientation(image) -> int | None:
         return None
 
 
-def _littlecms(image, profile: bytes, convert: tuple, bad_profile: str):
+def _littlecms(image, profile: bytes, intent: int, flags: int, bad_profile: str):
     """``image`` converted to sRGB by LittleCMS (gray, CMYK and lookup-table profiles)."""
     from .srgb import _convert_with_profile
 
     mode = "RGBA" if image.mode in ("LA", "RGBA", "PA") else "RGB"
     try:
-        return _convert_with_profile(image, bytes(profile), mode, *_check_convert(convert))
+        return _convert_with_profile(image, bytes(profile), mode, intent, flags)
     except ProfileError as exc:
         if bad_profile != "warn":
             raise

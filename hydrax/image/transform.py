@@ -25,8 +25,7 @@ from .icc import ProfileError
 from .srgb import _embedded_profile, _srgb_profile
 from .oklab import M1 as _M1
 from .oklab import M2 as _M2
-from .oklab import srgb_eotf as srgb_decode
-from .oklab import srgb_oetf as srgb_encode
+from .oklab import srgb_eotf, srgb_oetf
 
 #: Output colour spaces: sRGB-encoded, linear-light sRGB, Oklab.
 SPACES = ("srgb", "linear", "oklab")
@@ -39,29 +38,29 @@ _BYTE_STEPS = 16383
 CACHE_SIZE = 64
 
 @lru_cache(maxsize=1)
-def _srgb_colorants() -> np.ndarray:
-    """LittleCMS's sRGB colorants (D50 XYZ), read from the very profile it converts to."""
+def _xyz_to_srgb() -> np.ndarray:
+    """The inverse of LittleCMS's sRGB colorants (D50 XYZ), read from the very profile it converts to."""
     model = icc.parse(_srgb_profile().tobytes())
     assert model is not None
-    return model.matrix
+    return np.linalg.inv(model.matrix)
 
 
 @lru_cache(maxsize=1)
 def _srgb_tables() -> np.ndarray:
     codes = np.arange(256, dtype=np.float64) / 255.0
-    table = srgb_decode(codes).astype(np.float32)
+    table = srgb_eotf(codes).astype(np.float32)
     return np.stack([table, table, table])
 
 
 @lru_cache(maxsize=1)
 def _encode_curve() -> np.ndarray:
-    return srgb_encode(np.linspace(0.0, 1.0, _CURVE_INTERVALS + 1)).astype(np.float32)
+    return srgb_oetf(np.linspace(0.0, 1.0, _CURVE_INTERVALS + 1)).astype(np.float32)
 
 
 @lru_cache(maxsize=1)
 def _byte_curve() -> np.ndarray:
     """Final 8-bit sRGB codes of clipped linear light at 16383 steps (0.2 levels at worst, near black)."""
-    return np.floor(srgb_encode(np.linspace(0.0, 1.0, _BYTE_STEPS + 1)) * 255 + 0.5).astype(np.uint8)
+    return np.floor(srgb_oetf(np.linspace(0.0, 1.0, _BYTE_STEPS + 1)) * 255 + 0.5).astype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,9 @@ def _kernel(space: str, lin, matrix, identity: bool, lcms: bool = False) -> Pixe
     )
 
 
-def _is_srgb(model: icc.MatrixTRC) -> bool:
-    """True when ``model`` is sRGB up to the precision profiles are written with.
+def _is_srgb(model: icc.MatrixTRC, to_srgb: np.ndarray) -> bool:
+    """True when ``model`` (whose colorants take linear RGB to linear sRGB by ``to_srgb``) is sRGB
+    up to the precision profiles are written with.
 
     Its curves must agree with sRGB's to half a level at every code, and its colorants with
     LittleCMS's sRGB colorants to 0.2%: profiles named sRGB differ from each other by about 0.04%,
@@ -118,9 +118,8 @@ def _is_srgb(model: icc.MatrixTRC) -> bool:
     """
     levels = np.arange(256, dtype=np.float64) / 255.0
     for curve in model.curves:
-        if np.abs(srgb_encode(np.clip(curve(levels), 0.0, 1.0)) - levels).max() * 255 >= 0.5:
+        if np.abs(srgb_oetf(np.clip(curve(levels), 0.0, 1.0)) - levels).max() * 255 >= 0.5:
             return False
-    to_srgb = np.linalg.inv(_srgb_colorants()) @ model.matrix
     return bool(np.abs(to_srgb - np.eye(3)).max() < 2e-3)
 
 
@@ -135,9 +134,9 @@ def _build(profile: bytes | None, mode: str, space: str) -> PixelTransform:
     if model is not None:
         black = [float(curve(np.zeros(1))[0]) for curve in model.curves]
         if max(black) == 0.0:
-            if _is_srgb(model):
+            to_srgb = _xyz_to_srgb() @ model.matrix
+            if _is_srgb(model, to_srgb):
                 return _for_srgb(space)
-            to_srgb = np.linalg.inv(_srgb_colorants()) @ model.matrix
             matrix = _M1 @ to_srgb if space == "oklab" else to_srgb
             return _kernel(space, model.linear_tables(), matrix, False)
     _embedded_profile(profile)  # a profile LittleCMS cannot read is reported here, once
