@@ -6,22 +6,32 @@ agreeing with its twin here.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 BLOCK = 512
-OK, BAD_CHECKSUM, TRUNCATED, BAD_NUMBER, BAD_PAX, FULL = range(6)
+OK, BAD_CHECKSUM, TRUNCATED, BAD_NUMBER, BAD_PAX, FULL, DUPLICATE_FIELD, FALLBACK = range(8)
+#: What a number too large for any archive reads as (the kernel saturates instead of wrapping).
+HUGE = 1 << 62
 
 
 def _number(field: bytes) -> int | None:
+    """A header number: leading spaces, octal digits, then a NUL, a space or the field's end."""
     if field[0] & 0x80:  # GNU base-256
-        return int.from_bytes(bytes([field[0] & 0x3F]) + field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    try:
-        return int(text, 8)
-    except ValueError:
+        return min(int.from_bytes(bytes([field[0] & 0x3F]) + field[1:], "big"), HUGE)
+    text = field.lstrip(b" ")
+    digits = re.match(rb"[0-7]*", text).group()
+    rest = text[len(digits):]
+    if rest and rest[:1] not in (b"\0", b" "):
         return None
+    return int(digits or b"0", 8)
+
+
+def _decimal(digits: bytes) -> int:
+    """A pax number; past 2**62 it reads as :data:`HUGE` (and ``int`` refuses over 4,300 digits)."""
+    digits = digits.lstrip(b"0")
+    return HUGE if len(digits) > 19 else min(int(digits or b"0"), HUGE)
 
 
 def _checksum_ok(header: bytes, stored: int) -> bool:
@@ -42,7 +52,7 @@ def _pax(record_bytes: bytes, base: int) -> tuple[int, int, int, int] | None:
             if record_bytes[pos:].split(b"\0", 1)[0] == b"":
                 break
             return None
-        length = int(record_bytes[pos : pos + digits])
+        length = _decimal(record_bytes[pos : pos + digits])
         record = record_bytes[pos : pos + length]
         if length == 0 or record_bytes[pos + digits : pos + digits + 1] != b" " or len(record) < length or not record.endswith(b"\n"):
             return None
@@ -54,7 +64,7 @@ def _pax(record_bytes: bytes, base: int) -> tuple[int, int, int, int] | None:
         elif key == b"size":
             if not value.isdigit() and value != b"":
                 return None
-            size = int(value or b"0")
+            size = _decimal(value)
         pos += length
     return path_off, path_len, size, 1
 
@@ -112,3 +122,69 @@ def scan_tar(data, out: np.ndarray) -> tuple[int, int, int]:
             long_name = pax_name = None
             pax_size = -1
         pos = payload + -(-size // BLOCK) * BLOCK
+
+
+# WebDataset's split of a member path (``hydrax.shards.tarindex`` applies the same pattern to text):
+# a key (directory part plus a run of non-dots) and the rest.
+_KEY_FIELD = re.compile(rb"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)
+
+
+def index_tar(data) -> tuple:
+    """Twin of :func:`hydrax._core.index_tar`: :func:`scan_tar`, then the WebDataset grouping."""
+    data = bytes(data)
+    rows = np.zeros((len(data) // BLOCK + 1, 7), np.int64)
+    count, status, offset = scan_tar(data, rows)
+    fields: dict[bytes, int] = {}
+    keys: list[bytes] = []
+    sample_ends: list[int] = []
+    entries: list[tuple[int, int, int]] = []
+    in_sample: set[int] = set()
+    held = None
+    for _header, payload, size, prefix_at, prefix_len, name_at, name_len in rows[:count].tolist():
+        name = data[name_at : name_at + name_len]
+        if prefix_len:
+            name = data[prefix_at : prefix_at + prefix_len] + b"/" + name
+        first = name.split(b"/", 1)[0]
+        if len(first) > 4 and first.startswith(b"__") and first.endswith(b"__"):
+            continue
+        match = _KEY_FIELD.match(name)
+        if match is None:
+            continue
+        key, field = match.groups()
+        if not field.isascii():
+            held = (FALLBACK, payload)
+            break
+        if not keys or keys[-1] != key:
+            keys.append(key)
+            sample_ends.append(len(entries))
+            in_sample = set()
+        number = fields.setdefault(field.lower(), len(fields))
+        if number in in_sample:
+            held = (DUPLICATE_FIELD, payload)
+            break
+        in_sample.add(number)
+        entries.append((number, payload, size))
+        sample_ends[-1] = len(entries)
+    if status == OK and held is not None:
+        status, offset = held
+    table = np.array(entries, np.int64).reshape(-1, 3)
+    return (status, offset, list(fields), np.frombuffer(b"".join(keys), np.uint8),
+            np.cumsum([len(k) for k in keys], dtype=np.int64), np.array(sample_ends, np.int64),
+            table[:, 0].astype(np.int32), table[:, 1].copy(), table[:, 2].copy())
+
+
+def check_index(key_ends, sample_ends, entry_field, entry_offset, entry_size, key_bytes: int, fields: int,
+                shard_size: int) -> int:
+    """Twin of :func:`hydrax._core.check_index`."""
+    key_ends, sample_ends = [int(e) for e in key_ends], [int(e) for e in sample_ends]
+    if len(key_ends) != len(sample_ends) or not len(entry_field) == len(entry_offset) == len(entry_size):
+        return 5
+    if [0, *key_ends] != sorted([0, *key_ends]) or (key_ends[-1] if key_ends else 0) != key_bytes:
+        return 1
+    if any(b <= a for a, b in zip([0, *sample_ends], sample_ends)) or (sample_ends[-1] if sample_ends else 0) != len(entry_field):
+        return 2
+    if any(not 0 <= int(f) < fields for f in entry_field):
+        return 3
+    if any(o < 0 or n < 0 or o + n > shard_size for o, n in zip(entry_offset.tolist(), entry_size.tolist())):
+        return 4
+    return 0

@@ -1,9 +1,19 @@
-"""The exceptions hydrax raises to the training loop."""
+"""The exceptions hydrax raises, in one hierarchy.
+
+Every error of hydrax's own derives from :class:`HydraxError` and carries what it is about as
+attributes (``.url``, ``.offset``) as well as in words. Where a standard exception type already
+says what kind of failure it is, hydrax's error derives from it too, so ``except
+FileNotFoundError`` or ``except PermissionError`` keeps working.
+"""
 
 from __future__ import annotations
 
 
-class BatchTimeoutError(TimeoutError):
+class HydraxError(Exception):
+    """Base of hydrax's own errors."""
+
+
+class BatchTimeoutError(HydraxError, TimeoutError):
     """No batch arrived within the Dataloader's ``timeout_sec``; the message says what each worker was doing."""
 
 
@@ -13,3 +23,60 @@ class WorkerError(KeyboardInterrupt):
     It derives from KeyboardInterrupt because hydrax 0.2.2 surfaced a dead loader process as a
     KeyboardInterrupt, and programs written for it catch that to save a checkpoint.
     """
+
+
+class ShardFormatError(HydraxError, ValueError):
+    """A shard, index or manifest that is not valid, or breaks the WebDataset sample rules.
+
+    ``url`` names the shard (or file), ``offset`` the byte offset of the problem when known.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+
+    def __reduce__(self):
+        return _rebuild, (type(self), str(self), self.url, self.offset)
+
+
+class StoreError(HydraxError, OSError):
+    """A read or write on a shard store (local disk, S3, GCS, HTTP) that failed for good.
+
+    ``url`` names the object, ``offset`` the byte offset of the read (None for whole objects and
+    listings). Transient failures are retried before this is raised, so a ``StoreError`` met
+    while loading ends the run rather than silently dropping the data.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.offset = offset
+
+    def __reduce__(self):
+        # OSError's own pickling drops keyword arguments; workers send these to the main process.
+        return _rebuild, (type(self), str(self), self.url, self.offset)
+
+
+def _rebuild(kind, message, url, offset):
+    return kind(message, url=url, offset=offset)
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """The object, bucket or file does not exist."""
+
+
+class AccessDeniedError(StoreError, PermissionError):
+    """The store refused the credentials, or they lack a permission the message names."""
+
+
+class ObjectChangedError(StoreError):
+    """The object was replaced after it was indexed (another ETag or modification time).
+
+    Reads are pinned to the indexed version, so a replaced shard is never read as if it were the
+    old one; rebuild its index (``hydrax shards index``) and restart.
+    """
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store could not be reached, or kept failing, after the configured retries."""

@@ -94,6 +94,19 @@ class DataGroup(Sequence[D], Generic[D]):
         permutes the shards and mixes items within runs of ``shard_window`` shards, so reads stay
         local (see :func:`hydrax.schedule.shardwise_order`).
     :param shard_window: shards whose items mix, with ``"shardwise"``.
+    :param shard_partitions: (hydrax extension, ``"shardwise"`` only) split every epoch's shards
+        into this many canonical partitions, balanced by sample count, and fill each global batch
+        partition-major: its ``batch_size // shard_partitions`` consecutive positions ``p`` hold
+        items of partition ``p`` only. With ``P`` hosts splitting every batch
+        (``Dataloader(process_index=..., process_count=P)``, ``P`` dividing
+        ``shard_partitions``), each host then reads the shards of its own partitions, about
+        ``1/P`` of the data per epoch, instead of every shard. Partitions differ in size by up to a
+        shard, so each has a fixed quota of items per epoch and the longer ones pass their last
+        items to the shorter ones: these spilled items (about a shard per partition) are the only
+        reads from another host's shards. The order depends on ``shard_partitions``, not on the
+        number of hosts, so a run resumes exactly with any process count that divides it. It must
+        divide ``batch_size``; 1 (default) keeps the order of earlier versions. See
+        :func:`hydrax.schedule.shardwise_order` and :func:`hydrax.schedule.host_shards`.
     """
 
     def __init__(
@@ -109,6 +122,7 @@ class DataGroup(Sequence[D], Generic[D]):
         shuffle_first: bool = False,
         shuffle_later: str = "default",
         shard_window: int = 4,
+        shard_partitions: int = 1,
     ) -> None:
         if type(self) is not DataGroup:
             warnings.warn(f"{type(self).__name__} derives from hydrax.DataGroup. This is not supported.", SyntaxWarning, stacklevel=2)
@@ -153,6 +167,21 @@ class DataGroup(Sequence[D], Generic[D]):
             if self._shard_window < 1:
                 raise ValueError(f"shard_window must be at least 1, got {shard_window}")
             self._shard_sizes = tuple(int(n) for n in sizes())
+        if isinstance(shard_partitions, bool) or not isinstance(shard_partitions, (int, np.integer)) or shard_partitions < 1:
+            raise ValueError(f"shard_partitions must be a positive int, got {shard_partitions!r}")
+        self._shard_partitions = int(shard_partitions)
+        if self._shard_partitions > 1:
+            if shuffle_later != "shardwise":
+                raise ValueError(
+                    f"shard_partitions={self._shard_partitions} needs shuffle_later='shardwise' (got {shuffle_later!r}); "
+                    "other shuffle modes have no partitions"
+                )
+            if self._batch_size % self._shard_partitions:
+                clamped = f" (batch_size {batch_size} clamped to the {len(self._data)} items)" if self._batch_size != batch_size else ""
+                raise ValueError(
+                    f"batch_size {self._batch_size}{clamped} is not a multiple of shard_partitions={self._shard_partitions}: "
+                    "every batch takes batch_size // shard_partitions items from each partition"
+                )
         layouts, size = compute_layouts(self._batch_size, loader_arrays)
         watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
         self._loader_arrays = dict(loader_arrays)
@@ -216,6 +245,11 @@ class DataGroup(Sequence[D], Generic[D]):
         """The resolved per-epoch shuffle mode (``"default"`` already resolved)."""
         return self._shuffle_later
 
+    @property
+    def shard_partitions(self) -> int:
+        """(hydrax extension) Canonical partitions of a ``"shardwise"`` group's shards (1: none)."""
+        return self._shard_partitions
+
     def _share_layouts(self, items: int) -> tuple[MappingProxyType[str, ArrayLayout], int]:
         """Layouts and bytes of ``items`` items of a batch: one process's share of it."""
         if items == self._batch_size:
@@ -233,6 +267,7 @@ class DataGroup(Sequence[D], Generic[D]):
             shuffle_later=self._shuffle_later,
             shard_sizes=self._shard_sizes,
             shard_window=self._shard_window,
+            shard_partitions=self._shard_partitions,
         )
 
     def __repr__(self) -> str:

@@ -255,6 +255,13 @@ class Dataloader(Generic[D]):
                 f"{kind} group {i} has batch_size {group.batch_size}, which {count} processes cannot split evenly "
                 f"(process_count={count}): make every batch size a multiple of the process count"
             )
+        partitions = group.shard_partitions
+        if kind == "training" and partitions > 1 and partitions % count:
+            raise ValueError(
+                f"training group {i} has shard_partitions={partitions}, which process_count={count} does not divide: "
+                f"each process must load whole partitions to read only its own shards; use a process count that "
+                f"divides {partitions}, or shard_partitions a multiple of {count}"
+            )
         return host_share(group._plan(), self._process_index, count)
 
     def _modules(self) -> list[str]:

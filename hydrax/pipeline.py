@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -26,7 +27,8 @@ from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .errors import WorkerError
 from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
-from .schedule import GroupPlan, Step, TrainingStep, item_order, local_items, local_seed, validation_item_order
+from .schedule import (GroupPlan, Step, TrainingStep, batch_order, item_order, local_items, local_seed,
+                       validation_item_order)
 from .workers import PIPELINE_THREAD, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
@@ -35,6 +37,8 @@ _POLL_S = 0.1
 _PINNED_POLL_S = 0.005
 _HEALTH_CHECK_S = 0.1
 _TASK_NS = 2_000_000  # aim for tasks of about 2 ms of loading
+#: The most batches announced to data that reads ahead, beyond those being loaded.
+MAX_LOOKAHEAD = 512
 
 
 class End:
@@ -70,6 +74,7 @@ class _InFlight:
     remaining: int
     extras: dict[int, dict] = field(default_factory=dict)
     error: str | None = None
+    prefetch_key: int | None = None
 
 
 def chunk_bounds(batch_size: int, chunks: int) -> list[tuple[int, int]]:
@@ -130,6 +135,16 @@ class Pipeline:
         arena.on_release = self._slot_released
         self._cpu = True
         self.lazy = False
+        # Data that reads ahead (``prefetch``/``release``, as ShardSet has) hears of batches
+        # ``_lookahead`` ahead of loading; only from the pipeline thread, after the workers have
+        # started, because read-ahead may start threads that a forked worker must not inherit.
+        self._prefetchers = {g: group.data for g, group in enumerate(groups)
+                             if callable(getattr(group.data, "prefetch", None)) and callable(getattr(group.data, "release", None))}
+        self._ahead: deque[tuple[Step, int | None]] = deque()
+        self._lookahead = self._lookahead_batches()
+        self._announcing = False
+        self._prefetch_seq = 0
+        self._announced: dict[int, int] = {}  # prefetch key -> group
         self.thread = threading.Thread(target=self._run, name=PIPELINE_THREAD, daemon=True)
 
     # -- control -----------------------------------------------------------------------------
@@ -146,6 +161,8 @@ class Pipeline:
         self._wake()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
+        for key in list(self._announced):
+            self._release(key)
         fds = (self._wake_r, self._wake_w)
         self._wake_r = self._wake_w = -1  # before closing, so a late release never writes to a reused fd
         for fd in fds:
@@ -175,6 +192,7 @@ class Pipeline:
             self._cpu = jax.default_backend() == "cpu"
             self._zero_copy = self._zero_copy is not False
             self.lazy = self._cpu and self._placement_func is None
+            self._start_announcing()
             self._loop()
         except BaseException as exc:  # never die silently: the training loop must hear of it
             traceback.print_exc()
@@ -234,29 +252,96 @@ class Pipeline:
             slot = self._arena.acquire()
             if slot is None:
                 return
-            try:
-                step = next(self._steps)
-            except StopIteration:
+            if not self._ahead and not self._peek():
                 self._exhausted = True
                 self._arena.free_now(slot)
                 return
-            self._submit(step, slot)
+            step, key = self._ahead.popleft()
+            self._submit(step, slot, key)
+            self._look_ahead()
 
-    def _submit(self, step: Step, slot: int) -> None:
+    # -- read-ahead announcements ------------------------------------------------------------
+    def _lookahead_batches(self) -> int:
+        if not self._prefetchers:
+            return 0
+        wanted = []
+        for g, data in self._prefetchers.items():
+            items = int(getattr(data, "prefetch_items", 0) or 0)
+            wanted.append(-(-items // max(1, self._plans[g].local_batch_size)))
+        return max(self._arena.depth, min(MAX_LOOKAHEAD, max(wanted)))
+
+    def _peek(self) -> bool:
+        """Take the next step of the schedule into the look-ahead queue; False at the end."""
+        try:
+            step = next(self._steps)
+        except StopIteration:
+            return False
+        self._ahead.append((step, self._announce(step)))
+        return True
+
+    def _look_ahead(self) -> None:
+        while self._announcing and len(self._ahead) < self._lookahead and self._peek():
+            pass
+
+    def _start_announcing(self) -> None:
+        if not self._prefetchers:
+            return
+        self._announcing = True
+        for record in self._inflight.values():  # queued before the workers started
+            if record.prefetch_key is None:
+                record.prefetch_key = self._announce(record.step)
+        self._ahead = deque((step, key if key is not None else self._announce(step)) for step, key in self._ahead)
+        self._look_ahead()
+
+    def _step_group(self, step: Step) -> tuple[int, int, np.ndarray | None]:
+        """(group, epoch, item order) of ``step``."""
         if isinstance(step, TrainingStep):
-            group = step.group
-            epoch = step.epoch
-            order = item_order(self._plans[group], epoch)
+            return step.group, step.epoch, item_order(self._plans[step.group], step.epoch)
+        group = self._training_count + step.group
+        return group, 0, validation_item_order(self._plans[group])
+
+    def _announce(self, step: Step) -> int | None:
+        if not self._announcing:
+            return None
+        group, epoch, order = self._step_group(step)
+        data = self._prefetchers.get(group)
+        if data is None:
+            return None
+        plan = self._plans[group]
+        if isinstance(step, TrainingStep) and plan.shuffle_later == "shardwise":
+            kind = "shardwise"
+        elif order is None and (not isinstance(step, TrainingStep) or batch_order(plan, epoch) is None):
+            kind = "sequential"
         else:
-            group = self._training_count + step.group
-            epoch = 0
-            order = validation_item_order(self._plans[group])
+            kind = "random"
+        self._prefetch_seq += 1
+        key = self._prefetch_seq
+        try:
+            data.prefetch(key, local_items(plan, order, step.group_index), kind)
+        except Exception:  # read-ahead is an optimisation: the workers still read what they need
+            print("[hydrax] read-ahead failed; loading goes on without it:", file=sys.stderr)
+            traceback.print_exc()
+            return None
+        self._announced[key] = group
+        return key
+
+    def _release(self, key: int | None) -> None:
+        group = self._announced.pop(key, None) if key is not None else None
+        if group is not None:
+            try:
+                self._prefetchers[group].release(key)
+            except Exception:
+                traceback.print_exc()
+
+    def _submit(self, step: Step, slot: int, prefetch_key: int | None = None) -> None:
+        group, epoch, order = self._step_group(step)
         plan = self._plans[group]
         seq = self._next_seq
         self._next_seq += 1
         size = plan.local_batch_size
         bounds = chunk_bounds(size, self._chunk_count(size))
-        record = _InFlight(seq, step, group, slot, local_items(plan, order, step.group_index), len(bounds))
+        record = _InFlight(seq, step, group, slot, local_items(plan, order, step.group_index), len(bounds),
+                           prefetch_key=prefetch_key)
         self._inflight[seq] = record
         for first, end in bounds:
             self._task_id += 1
@@ -277,9 +362,14 @@ class Pipeline:
     def _receive(self, connection, worker: int) -> bool:
         try:
             while connection.poll():
-                task, ok, extras, error, elapsed = connection.recv()
+                task, ok, extras, error, elapsed, fatal = connection.recv()
                 seq, first, end = self._task_batch.pop(task)
                 record = self._inflight[seq]
+                if fatal is not None:
+                    # The data cannot be read (a store that keeps failing, a replaced object):
+                    # dropping batch after batch would lose it quietly, so the run ends here.
+                    self.output.put(Failure(fatal))
+                    return False
                 if ok:
                     sample = elapsed / (end - first)
                     self._item_ns = sample if self._item_ns is None else 0.8 * self._item_ns + 0.2 * sample
@@ -292,6 +382,7 @@ class Pipeline:
                             record.extras[k] = value
                 if record.remaining == 0:
                     del self._inflight[seq]
+                    self._release(record.prefetch_key)
                     self._finish(record)
         except (EOFError, OSError):
             self._fail_worker(worker, "exited")

@@ -10,6 +10,7 @@ ends the run at once.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, NamedTuple, Sequence
@@ -37,6 +38,8 @@ class GroupPlan:
     #: local_batch_size)`` (see :func:`host_positions`); ``share_size`` 0 means the whole batch.
     share_first: int = 0
     share_size: int = 0
+    #: ``shardwise`` only: canonical partitions of every global batch (see :func:`shardwise_order`).
+    shard_partitions: int = 1
 
     @property
     def local_batch_size(self) -> int:
@@ -56,24 +59,101 @@ def permutation(seed: int, n: int) -> np.ndarray:
     return _permutation_cached(int(seed), int(n))
 
 
-def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window: int) -> np.ndarray:
-    """The item order of a sharded group in ``epoch``: reads stay within a few shards at a time.
+def partition_shards(shard_sizes: Sequence[int], seed: int, epoch: int, partitions: int) -> np.ndarray:
+    """The partition (in ``[0, partitions)``) of every shard in ``epoch``, indexed by shard.
 
-    The shards are permuted with ``perm(seed + epoch, shards)``; then the items of each run of
-    ``window`` consecutive shards (in that order) are permuted among themselves, with a generator
-    seeded by (seed, epoch, run). Every epoch, epoch 0 included, is shuffled; the result depends on
-    nothing but its arguments, so it is the same for any number of workers or hosts.
+    The shards are taken in the epoch's order, ``perm(seed + epoch, shards)``, and each goes to the
+    partition with the fewest samples so far (ties to the lowest index). So the partitions change
+    every epoch, and any two of them differ by at most the largest shard's sample count.
     """
-    sizes = np.asarray(shard_sizes, np.int64)
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    sizes = [int(n) for n in shard_sizes]
     shards = permutation(seed + epoch, len(sizes))
+    owner = np.zeros(len(sizes), np.int64)
+    if partitions > 1:
+        loads = [(0, p) for p in range(partitions)]  # a heap: the lightest partition, then the lowest index
+        for s in shards.tolist():
+            load, p = loads[0]
+            owner[s] = p
+            heapq.heapreplace(loads, (load + sizes[s], p))
+    owner.setflags(write=False)
+    return owner
+
+
+def _window_stream(shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, key: tuple[int, ...]) -> np.ndarray:
+    """The items of ``shards`` (in that order), permuted within each run of ``window`` shards; run
+    ``r`` uses ``Generator(PCG64([*key, r]))``."""
     pieces = []
     for run, first in enumerate(range(0, len(shards), window)):
         chosen = shards[first : first + window]
         items = np.concatenate([np.arange(starts[s], starts[s] + sizes[s], dtype=np.int64) for s in chosen])
-        rng = np.random.Generator(np.random.PCG64([seed, epoch, run]))
+        rng = np.random.Generator(np.random.PCG64([*key, run]))
         pieces.append(items[rng.permutation(len(items))])
-    order = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+    return np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+
+
+def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window: int, partitions: int = 1,
+                    batch_size: int = 0) -> np.ndarray:
+    """The item order of a sharded group in ``epoch``: reads stay within a few shards at a time.
+
+    With one partition (the default): the shards are permuted with ``perm(seed + epoch, shards)``;
+    then the items of each run of ``window`` consecutive shards (in that order) are permuted among
+    themselves, with a generator seeded by (seed, epoch, run).
+
+    With ``partitions`` C > 1 (``batch_size`` must then be a multiple of C), the order is built
+    over C canonical partitions, so that a host loading a contiguous share of every batch reads only
+    the shards of its own partitions:
+
+    - the shards, in the permuted order above, are assigned to the partitions by
+      :func:`partition_shards` (balanced by sample count);
+    - each partition's items form a stream: its shards in the permuted order, items permuted within
+      each run of ``window`` of them, with a generator seeded by (seed, epoch, partition, run);
+    - each partition has a quota of ``batch_count * k`` items, ``k = batch_size // C`` and
+      ``batch_count = sum(shard_sizes) // batch_size``. A stream longer than its quota spills its
+      last items; the spills of partitions 0, 1, ... (in that order) form a pool, which tops up
+      the streams shorter than their quota, partitions 0, 1, ... in turn, from its front. What is
+      left of the pool is dropped (it comes at the end of the order, like the remainder with one
+      partition). Spilled items are the only items a partition takes from another partition's
+      shards; balancing keeps them to about one shard per partition;
+    - global batch ``b`` is partition-major: its positions ``[p*k, (p+1)*k)`` hold items
+      ``[b*k, (b+1)*k)`` of partition ``p``'s (topped-up) stream.
+
+    Every epoch, epoch 0 included, is shuffled. The result, a permutation of all items whose first
+    ``batch_count * batch_size`` entries are the epoch's batches, depends on nothing but its
+    arguments, so it is the same for any number of workers or hosts; with one partition it is
+    exactly the order of earlier versions.
+    """
+    sizes = np.asarray(shard_sizes, np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    shards = permutation(seed + epoch, len(sizes))
+    if partitions == 1:
+        order = _window_stream(shards, starts, sizes, window, (seed, epoch))
+        order.setflags(write=False)
+        return order
+    if partitions < 1 or batch_size < 1 or batch_size % partitions:
+        raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of the partitions ({partitions})")
+    k = batch_size // partitions
+    batch_count = int(sizes.sum()) // batch_size
+    quota = batch_count * k
+    owner = partition_shards(shard_sizes, seed, epoch, partitions)[shards]
+    streams = [_window_stream(shards[owner == p], starts, sizes, window, (seed, epoch, p)) for p in range(partitions)]
+    filled = np.empty((partitions, quota), np.int64)
+    spills = []
+    for p, stream in enumerate(streams):
+        if len(stream) >= quota:
+            filled[p] = stream[:quota]
+            spills.append(stream[quota:])
+    pool = np.concatenate(spills)
+    taken = 0
+    for p, stream in enumerate(streams):
+        n = len(stream)
+        if n < quota:
+            filled[p, :n] = stream
+            filled[p, n:] = pool[taken : taken + quota - n]
+            taken += quota - n
+    batches = filled.reshape(partitions, batch_count, k).transpose(1, 0, 2).reshape(-1)
+    order = np.concatenate((batches, pool[taken:]))
     order.setflags(write=False)
     return order
 
@@ -84,7 +164,9 @@ _shardwise_cached = lru_cache(maxsize=8)(shardwise_order)
 def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
     """The item permutation a training group uses in ``epoch`` (None means the identity)."""
     if plan.shuffle_later == "shardwise":
-        return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
+        if plan.shard_partitions == 1:
+            return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
+        return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window, plan.shard_partitions, plan.batch_size)
     if plan.shuffle_later == "itemwise" and epoch > 0:
         return permutation(plan.seed + epoch, plan.size)
     if plan.shuffle_first:
@@ -135,6 +217,24 @@ def host_share(plan: GroupPlan, process_index: int, process_count: int) -> Group
     """``plan`` for process ``process_index`` of ``process_count``: it loads its share of every batch."""
     positions = host_positions(plan.batch_size, process_index, process_count)
     return replace(plan, share_first=positions.start, share_size=len(positions))
+
+
+def host_shards(plan: GroupPlan, epoch: int, process_index: int, process_count: int) -> dict[int, int]:
+    """Which shards process ``process_index`` of ``process_count`` reads in ``epoch`` of a shardwise
+    training group: ``{shard: items of it the process loads}``, in shard order.
+
+    Only ``plan``'s global batch size counts (not a share it may already carry). With
+    ``shard_partitions`` C and a process count dividing C, a process reads the shards of its own
+    partitions, plus the few items spilled into them from other partitions' shards.
+    """
+    if plan.shuffle_later != "shardwise":
+        raise ValueError(f"host_shards needs a shardwise group, this one is {plan.shuffle_later!r}")
+    positions = host_positions(plan.batch_size, process_index, process_count)
+    used = item_order(plan, epoch)[: plan.batch_count * plan.batch_size].reshape(plan.batch_count, plan.batch_size)
+    items = used[:, positions.start : positions.stop]
+    shard = np.searchsorted(np.cumsum(plan.shard_sizes), items.ravel(), side="right")
+    counts = np.bincount(shard, minlength=len(plan.shard_sizes))
+    return {int(s): int(counts[s]) for s in np.flatnonzero(counts)}
 
 
 def batch_items(order: np.ndarray | None, batch_size: int, group_index: int, first: int = 0,

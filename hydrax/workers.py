@@ -33,6 +33,7 @@ import numpy as np
 
 from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
+from .errors import ShardFormatError, StoreError
 from .schedule import GroupPlan, item_order, local_items, local_seed, validation_item_order
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
@@ -80,6 +81,19 @@ def jax_backend_live() -> bool:
     return bool(bridge is not None and getattr(bridge, "_backends", None))
 
 
+_fork_hazards: set[str] = set()
+
+
+def note_fork_hazard(what: str) -> None:
+    """Record that this process now runs threads that a plain ``fork`` would not carry over
+    (``what`` says whose), so later runs start their workers from the fork server.
+
+    obstore's request threads are one: a child forked after they started hangs on its first
+    request, even with a new client.
+    """
+    _fork_hazards.add(what)
+
+
 def start_method() -> str:
     """``"fork"`` when that is safe here, else ``"forkserver"``.
 
@@ -92,7 +106,7 @@ def start_method() -> str:
         return forced
     # Another run's pipeline thread may be initialising JAX at this very moment: no fork then either.
     busy = any(t.name == PIPELINE_THREAD for t in threading.enumerate())
-    return "forkserver" if busy or jax_backend_live() else "fork"
+    return "forkserver" if busy or _fork_hazards or jax_backend_live() else "fork"
 
 
 _watching = False
@@ -336,7 +350,8 @@ class _Loop:
                 traceback.print_exc()
                 _clean_traceback(exc)
                 _core.mark_item(memory, status, 0, -1)
-                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})", 0)
+                fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
+                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})", 0, fatal)
             if views.dangling(k):
                 warnings.warn("loader memory has dangling reference", RuntimeWarning)
                 del self.views[(slot, group)]
@@ -346,7 +361,7 @@ class _Loop:
                     extras = [None] * (end - first)
                 extras[k - first] = result
         _core.mark_item(memory, status, 0, -1)
-        return (task, True, extras, None, time.perf_counter_ns() - started)
+        return (task, True, extras, None, time.perf_counter_ns() - started, None)
 
 
 def _check_result(result):

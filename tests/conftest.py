@@ -127,3 +127,83 @@ def s3_store():
         yield endpoint, client
     finally:
         instance.stop()
+
+
+class _RangeHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
+    """Static files with ``Range``, ``ETag`` and ``If-Match``, as object stores serve them."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _file(self):
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return None
+        st = os.stat(path)
+        return path, st.st_size, f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+
+    def do_HEAD(self):
+        found = self._file()
+        if found:
+            self.send_response(200)
+            self.send_header("Content-Length", str(found[1]))
+            self.send_header("ETag", found[2])
+            self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(found[0]))))
+            self.end_headers()
+
+    def do_GET(self):
+        import re
+
+        found = self._file()
+        if not found:
+            return
+        path, size, etag = found
+        wanted = self.headers.get("If-Match")
+        if wanted and wanted != etag:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start, end, status = 0, size, 200
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if match:
+            start = int(match.group(1))
+            end = min(size, int(match.group(2)) + 1) if match.group(2) else size
+            status = 206
+        with open(path, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", etag)
+        self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(path))))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def http_store(tmp_path):
+    """A plain HTTP server on 127.0.0.1 serving ``tmp_path / "www"`` with Range support.
+
+    Yields ``(base URL, folder)``.
+    """
+    import functools
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    folder = tmp_path / "www"
+    folder.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_RangeHandler, directory=str(folder)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", folder
+    finally:
+        server.shutdown()
+        server.server_close()

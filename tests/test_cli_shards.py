@@ -232,3 +232,27 @@ def test_an_unreachable_endpoint_is_named_and_fails_fast(tmp_path):
         assert result.returncode == 1, (command, result.stderr)
         assert "s3://data/train-00.tar" in result.stderr and "the request failed after retries" in result.stderr, result.stderr
         assert time.monotonic() - started < 30
+
+
+def test_index_with_workers_writes_what_one_process_writes_and_names_a_damaged_shard(tmp_path):
+    folders = {}
+    for workers in (1, 2):
+        folder = folders[workers] = tmp_path / f"w{workers}"
+        folder.mkdir()
+        with ShardWriter(str(folder / "t-%02d.tar"), maxcount=4, index=False, mtime=0) as writer:
+            for i in range(22):
+                writer.write({"__key__": f"k{i:03d}", "txt": f"{i}" * (i + 1), "cls": str(i % 3)})
+        (folder / "t-02.tar").write_bytes(Path(writer.paths[2]).read_bytes()[:1000])  # cut short
+        for path in writer.paths:
+            os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # the same modification times in both folders
+        result = hydrax("shards", "index", "--workers", str(workers), str(folder / "t-*.tar"))
+        assert result.returncode == 1, result.stderr
+        assert "indexed 5 of 6 shards (18 samples newly indexed)" in result.stdout
+        assert f"hydrax shards index: {folder / 't-02.tar'}: at byte offset 1024: " in result.stderr
+        assert "truncated" in result.stderr and "Traceback" not in result.stderr
+    written = {workers: sorted(p.name for p in folder.glob("*.hidx")) for workers, folder in folders.items()}
+    assert written[1] == written[2] == [f"t-{n:02d}.tar.hidx" for n in (0, 1, 3, 4, 5)]
+    for name in written[1]:
+        assert (folders[1] / name).read_bytes() == (folders[2] / name).read_bytes()
+    again = hydrax("shards", "index", "-j", "2", "-q", str(folders[2] / "t-0[013].tar"))
+    assert again.returncode == 0 and again.stdout == "" and again.stderr == ""

@@ -175,3 +175,34 @@ def test_pixel_kernel_refuses_mismatched_arguments():
     out = np.zeros((3, 4, 5), np.float32)
     call(out, chw=True, encode=1, lin=np.ones((3, 256), np.float32) * 0.5, scale=np.full(4, 2, np.float32), offset=np.zeros(4, np.float32))
     assert (out == 1.0).all()
+
+
+def test_index_check_kernel_agrees_with_its_twin():
+    from hydrax import _fallback
+
+    rng = np.random.default_rng(11)
+    outcomes = set()
+    for attempt in range(3000):
+        samples = int(rng.integers(0, 6))
+        counts = rng.integers(1, 4, samples)
+        sample_ends = np.cumsum(counts).astype(np.int64)
+        entries = int(sample_ends[-1]) if samples else 0
+        key_ends = np.cumsum(rng.integers(0, 5, samples)).astype(np.int64)
+        entry_field = rng.integers(0, 3, entries).astype(np.int32)
+        entry_offset = rng.integers(0, 900, entries).astype(np.int64)
+        entry_size = rng.integers(0, 100, entries).astype(np.int64)
+        arrays = [key_ends, sample_ends, entry_field, entry_offset, entry_size]
+        for _ in range(int(rng.integers(0, 3))):  # damage: a value changed, or an array cut short
+            which = int(rng.integers(0, 5))
+            if len(arrays[which]) and rng.random() < 0.8:
+                arrays[which] = arrays[which].copy()
+                big = np.iinfo(arrays[which].dtype).max
+                arrays[which][rng.integers(0, len(arrays[which]))] = rng.choice([-1, 0, 2, 3, 5, 1000, big, -big])
+            else:
+                arrays[which] = arrays[which][: max(0, len(arrays[which]) - 1)].copy()
+        key_bytes = int(key_ends[-1]) if samples and rng.random() < 0.9 else int(rng.integers(0, 4))
+        args = (*arrays, key_bytes, 3, 1000)
+        fast, slow = _core.check_index(*args), _fallback.check_index(*args)
+        assert fast == slow, (attempt, args)
+        outcomes.add(fast)
+    assert outcomes == {0, 1, 2, 3, 4, 5}

@@ -75,3 +75,35 @@ def test_subclassing_warns_but_works():
 def test_scalar_items_are_allowed():
     g = DataGroup(4, range(8), loader_arrays={"y": ((), np.float32, jnp.float32)})
     assert g.loader_layouts["y"][0] == (4,)
+
+
+class Sharded(list):
+    """A sequence that knows its shards, as a hydrax.shards.ShardSet does."""
+
+    def shard_sizes(self):
+        return [5, 3, 8]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"shard_partitions": 0}, "shard_partitions must be a positive int, got 0"),
+        ({"shard_partitions": 2.0}, r"shard_partitions must be a positive int, got 2\.0"),
+        ({"shard_partitions": True}, "shard_partitions must be a positive int, got True"),
+        ({"shard_partitions": 2, "shuffle_later": "itemwise"}, "shard_partitions=2 needs shuffle_later='shardwise' \\(got 'itemwise'\\)"),
+        ({"shard_partitions": 4, "batch_size": 6}, "batch_size 6 is not a multiple of shard_partitions=4"),
+        ({"shard_partitions": 3, "batch_size": 20}, r"batch_size 16 \(batch_size 20 clamped to the 16 items\) is not a multiple of shard_partitions=3"),
+    ],
+)
+def test_shard_partitions_are_checked(kwargs, message):
+    args = {"batch_size": 4, "shuffle_later": "shardwise", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        DataGroup(args.pop("batch_size"), Sharded(range(16)), loader_arrays=ARRAYS, **args)
+
+
+def test_shard_partitions_reach_the_plan():
+    g = DataGroup(4, Sharded(range(16)), loader_arrays=ARRAYS, shuffle_later="shardwise", shard_partitions=2)
+    assert g.shard_partitions == 2 and g._plan().shard_partitions == 2
+    assert g._plan().shard_sizes == (5, 3, 8)
+    assert DataGroup(4, range(16), loader_arrays=ARRAYS).shard_partitions == 1
+    assert DataGroup(4, range(16), loader_arrays=ARRAYS, shard_partitions=1)._plan().shard_partitions == 1

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from hydrax.shards import ShardSet
+from hydrax.shards import ShardIndex, ShardSet
 from hydrax.shards.build import (BuildError, build_shards, check_key, samples_from_files, samples_from_folder,
                                  samples_from_list, samples_from_manifest, shuffled)
 
@@ -212,14 +212,18 @@ def server(s3_store):
     return S3Options(endpoint_url=endpoint, **KEYS), client
 
 
-def test_s3_output_uploads_shards_without_indexes_and_refuses_to_overwrite(folder, server, tmp_path):
+def test_s3_output_uploads_shards_with_index_objects_and_refuses_to_overwrite(folder, server, tmp_path):
     root, files = folder
     options, client = server
     pattern = "s3://data/sets/train-%04d.tar"
     result = hydrax(root, pattern, "--maxcount", 4, "--endpoint-url", options.endpoint_url, env=s3_env())
     assert result.returncode == 0, result.stderr
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"])
-    assert keys == ["sets/train-0000.tar", "sets/train-0001.tar"]  # no index in the bucket
+    # each shard with its index object, so ShardSet sets up without reading the shards
+    assert keys == ["sets/train-0000.tar", "sets/train-0000.tar.hidx", "sets/train-0001.tar", "sets/train-0001.tar.hidx"]
+    etag = client.head_object(Bucket="data", Key="sets/train-0001.tar")["ETag"]
+    index = ShardIndex.from_bytes(client.get_object(Bucket="data", Key="sets/train-0001.tar.hidx")["Body"].read())
+    assert index.etag == etag and len(index) == 2
     remote = ShardSet("s3://data/sets/train-{0000..0001}.tar", s3=options, cache_dir=str(tmp_path / "cache"))
     assert [(s.key, bytes(s[field])) for s, (_, field, *_) in zip(remote, EXPECTED)] == [(k, files[p]) for k, _, p, *_ in EXPECTED]
     build_shards(samples_from_folder(root), str(tmp_path / "local-%04d.tar"), maxcount=4)
@@ -228,7 +232,7 @@ def test_s3_output_uploads_shards_without_indexes_and_refuses_to_overwrite(folde
     assert again.returncode == 1 and "s3://data/sets/train-0000.tar: exists" in again.stderr and "--force" in again.stderr
     forced = hydrax(root, pattern, "--force", "-q", "--endpoint-url", options.endpoint_url, env=s3_env())
     assert forced.returncode == 0, forced.stderr
-    assert "1 files of the pattern from before remain (s3://data/sets/train-0001.tar" in forced.stderr
+    assert "2 files of the pattern from before remain (s3://data/sets/train-0001.tar" in forced.stderr
     (root / "cat" / "zz.jpg").write_bytes(image_bytes("JPEG", 9)[:300])  # fails after three shards are uploaded
     broken = hydrax(root, "s3://data/other/t-%d.tar", "--maxcount", 1, "--endpoint-url", options.endpoint_url, env=s3_env())
     assert broken.returncode == 1 and "cat/zz.jpg: not a readable image" in broken.stderr
@@ -245,7 +249,7 @@ def test_an_unreachable_endpoint_is_named(folder, tmp_path):
         port = probe.getsockname()[1]
     result = hydrax(folder[0], "s3://data/x/t-%d.tar", "--endpoint-url", f"http://127.0.0.1:{port}", env=s3_env())
     assert result.returncode == 1
-    assert f"s3://data/x/: cannot reach the S3 endpoint http://127.0.0.1:{port}" in result.stderr
+    assert f"listing 's3://data/x/': cannot reach the S3 endpoint http://127.0.0.1:{port}" in result.stderr
 
 
 BAD_INPUTS = {  # name: (how to spoil the input, the output pattern, what the message must say)

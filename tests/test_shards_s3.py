@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
+from hydrax.errors import AccessDeniedError, StoreUnavailableError
 from hydrax.shards import S3Options, ShardFormatError, ShardSet, ShardWriter
 from hydrax.shards.shardset import expand_urls
 
@@ -86,7 +87,7 @@ def test_an_unreachable_store_is_reported_after_bounded_retries(tmp_path):
         port = probe.getsockname()[1]
     options = S3Options(endpoint_url=f"http://127.0.0.1:{port}", max_attempts=2, **KEYS)
     started = time.monotonic()
-    with pytest.raises(OSError, match=r"shard 's3://data/train-00.tar': the request failed after retries"):
+    with pytest.raises(StoreUnavailableError, match=r"shard 's3://data/train-00.tar': .*cannot reach the S3 endpoint .*the request failed after retries"):
         ShardSet("s3://data/train-00.tar", s3=options, cache_dir=str(tmp_path))
     assert time.monotonic() - started < 30
 
@@ -142,22 +143,27 @@ def load_noting_errors(log, sample, arrays, seed):
         raise
 
 
-def test_a_read_denied_in_a_worker_drops_its_batch_with_the_offset(s3_shards, reader_keys, tmp_path):
+def test_a_read_denied_in_a_worker_ends_the_run_naming_the_shard_and_offset(s3_shards, reader_keys, tmp_path):
     import functools
+
+    from hydrax.shards import ReadAhead
 
     options, _, _ = s3_shards
     dataset = ShardSet("s3://data/shards/train-00.tar", s3=options, cache_dir=str(tmp_path / "cache"))
-    denied = ShardSet("s3://data/shards/train-00.tar", s3=reader_keys, cache_dir=str(tmp_path / "cache"))
+    denied = ShardSet("s3://data/shards/train-00.tar", s3=reader_keys, cache_dir=str(tmp_path / "cache"),
+                      readahead=ReadAhead(enabled=False))
     assert len(denied) == len(dataset) == 9  # the index came from the cache, built with the good keys
     enforce_auth(options.endpoint_url, "0")
     group = DataGroup(3, denied, loader_arrays={"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)})
     log = tmp_path / "errors.txt"
-    with Dataloader(functools.partial(load_noting_errors, str(log)), group, loader_count=2, end_at=("epoch", 1)) as loader:
-        assert list(loader) == []  # every batch dropped, and the run still ends
+    # Every read would fail: the run ends with the store's error instead of dropping every batch.
+    with pytest.raises(AccessDeniedError, match=r"shard 's3://data/shards/train-00.tar' at byte offset \d+: access denied "
+                       r"\(AccessDenied\); the credentials need s3:GetObject") as info:
+        with Dataloader(functools.partial(load_noting_errors, str(log)), group, loader_count=2, end_at=("epoch", 1)) as loader:
+            list(loader)
+    assert info.value.url == "s3://data/shards/train-00.tar" and info.value.offset > 0
     errors = log.read_text().splitlines()
-    assert 3 <= len(errors) <= 9  # each task stops at its first failed item, and its batch is dropped
-    assert all(e.startswith("PermissionError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
-    assert all("access denied (AccessDenied); the credentials need s3:GetObject" in e for e in errors)
+    assert errors and all(e.startswith("AccessDeniedError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
 
 
 def test_one_ranged_get_per_sample_whatever_fields_are_read(s3_shards, tmp_path):

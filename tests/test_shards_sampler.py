@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
-from hydrax.schedule import GroupPlan, Plan, batch_items, batch_seed, host_positions, item_order, iter_steps, shardwise_order
+from collections import Counter
+
+from hydrax.schedule import GroupPlan, Plan, batch_items, batch_seed, host_positions, host_shards, item_order, iter_steps, shardwise_order
 from hydrax.shards import ShardSet
 
 SIZES = (7, 3, 12, 5, 9, 1, 6, 8)
@@ -72,9 +74,13 @@ def load_shard_number(sample, arrays, seed):
     arrays["seed"][...] = seed
 
 
-def run(dataset, **kwargs):
-    group = DataGroup(4, dataset, loader_arrays={"shard": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32)},
-                      seed=9, shuffle_later="shardwise", shard_window=2)
+def group_of(dataset, batch_size=4, shard_partitions=1):
+    return DataGroup(batch_size, dataset, loader_arrays={"shard": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32)},
+                     seed=9, shuffle_later="shardwise", shard_window=2, shard_partitions=shard_partitions)
+
+
+def run(dataset, shard_partitions=1, **kwargs):
+    group = group_of(dataset, shard_partitions=shard_partitions)
     out = []
     with Dataloader(load_shard_number, group, end_at=("epoch", 3), **kwargs) as loader:
         for batch in loader:
@@ -112,3 +118,31 @@ def test_processes_share_every_batch_of_uneven_shards(shards, processes):
             for parts in zip(*shares)
         ]
         assert merged == [b for b in reference if b[0] >= first]
+
+
+def test_hosts_with_partitions_load_the_single_process_run_from_their_own_shards(shards):
+    """Two hosts, two partitions: together they load the single-process run, each mostly from its own shards."""
+    reference = run(shards, shard_partitions=2, loader_count=1)
+    plan = group_of(shards, shard_partitions=2)._plan()
+    batches = sum(SIZES) // 4
+    assert [list(batch_items(item_order(plan, b[0] // batches), 4, b[0] % batches)) for b in reference] == [b[1] for b in reference]
+    for start, loaders in (((0, 0), 2), ((1, 5), 1)):  # a run resumes exactly with a different host count
+        first = start[0] * batches + start[1]
+        shares = [run(shards, shard_partitions=2, loader_count=loaders, start_at=start, process_index=p, process_count=2) for p in range(2)]
+        merged = [(parts[0][0], *[[v for part in parts for v in part[field]] for field in (1, 2, 3)]) for parts in zip(*shares)]
+        assert merged == [b for b in reference if b[0] >= first]
+        if start == (0, 0):
+            for p, share in enumerate(shares):
+                for epoch in range(3):
+                    loaded = Counter(s for b in share if b[0] // batches == epoch for s in b[2])
+                    assert loaded == Counter(host_shards(plan, epoch, p, 2))  # the shards it read: host_shards says which
+
+
+def test_a_process_count_must_divide_the_partitions(shards):
+    group = group_of(shards, batch_size=8, shard_partitions=2)
+    with pytest.raises(ValueError, match=r"training group 0 has shard_partitions=2, which process_count=4 does not divide"):
+        Dataloader(load_shard_number, group, process_index=0, process_count=4)
+    assert Dataloader(load_shard_number, group, process_index=1, process_count=2).process_count == 2
+    # validation order has no partitions: any process count that splits the batch will do
+    validation = Dataloader(load_shard_number, group_of(shards, 8), validation=("epoch", 1, group), process_index=0, process_count=4)
+    assert validation.process_count == 4

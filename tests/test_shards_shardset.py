@@ -35,8 +35,9 @@ def test_urls_expand_from_braces_globs_and_file_urls(shards):
     assert expand_urls([brace[2], brace[0]]) == [brace[2], brace[0]]
     with pytest.raises(FileNotFoundError, match="matches no file"):
         expand_urls(f"{shards}/nothing-*.tar")
-    with pytest.raises(NotImplementedError, match="the gs:// scheme is not supported"):
-        expand_urls("gs://bucket/train-0000.tar")
+    with pytest.raises(NotImplementedError, match="the ftp:// scheme is not supported"):
+        expand_urls("ftp://host/train-0000.tar")
+    assert expand_urls("gs://bucket/train-{0..1}.tar") == ["gs://bucket/train-0.tar", "gs://bucket/train-1.tar"]
     assert expand_urls("s3://bucket/train-{0..1}.tar") == ["s3://bucket/train-0.tar", "s3://bucket/train-1.tar"]
 
 

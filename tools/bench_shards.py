@@ -3,8 +3,14 @@
     python tools/bench_shards.py [--samples 20000] [--payload 4096] [--repeat 5]
 
 Part 1 writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payload`` bytes and a
-``.cls``), then times, alternately, ``tarfile`` listing its members and hydrax scanning the
-headers (``hydrax.shards.scan_members``) and grouping samples, from the page cache.
+``.cls``), then times, alternately, from the page cache: ``tarfile`` listing its members; hydrax
+indexing it the Python way (``scan_members``, ``group_samples``, ``ShardIndex.from_samples``:
+how ``build_index`` worked before the ``index_tar`` kernel); and ``build_index`` itself (headers
+and grouping in one kernel pass). Then (``--open-shards N``, default 3000) it writes N small
+shards with their indexes and times a second ``ShardSet`` over all of them, with the indexes in
+the old ``.npz`` format (v1) and in the current one (v2), alternately; and (``--index-shards N``,
+default 200) times ``hydrax shards index --force`` over N shards of 5,000 samples with
+``--workers 1`` and ``--workers 2``, alternately.
 
 Part 2 reads every sample's fields from a ShardSet (in order, and in a random order) and reports
 samples/s and MB/s. Then it writes a ``--s3-samples`` sample shard (default 2000, about 11 MB),
@@ -33,7 +39,7 @@ import tarfile
 import tempfile
 import time
 
-from hydrax.shards import group_samples, scan_members
+from hydrax.shards import ShardIndex, build_index, group_samples, scan_members
 
 
 def write_shard(path: str, samples: int, payload: int) -> None:
@@ -51,9 +57,66 @@ def with_tarfile(path: str) -> int:
         return sum(1 for m in tar.getmembers() if m.isreg())
 
 
-def with_hydrax(path: str) -> int:
+def with_python_grouping(path: str) -> int:
+    """An index the way build_index made it before the index_tar kernel."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        return len(group_samples(scan_members(mapped, path)))
+        stat = os.fstat(f.fileno())
+        return len(ShardIndex.from_samples(group_samples(scan_members(mapped, path)), stat.st_size, stat.st_mtime_ns))
+
+
+def with_kernel(path: str) -> int:
+    return len(build_index(path))
+
+
+def open_many(folder: str, count: int, repeat: int) -> dict[str, list[float]]:
+    """Seconds of a second ``ShardSet`` over ``count`` small shards, their indexes in each format."""
+    import shutil
+
+    from hydrax.shards import ShardSet, ShardWriter, index_path
+    from hydrax.shards.indexfile import _to_v1_bytes
+
+    v2 = os.path.join(folder, "open-v2")
+    v1 = os.path.join(folder, "open-v1")
+    os.makedirs(v2)
+    with ShardWriter(os.path.join(v2, "s-%06d.tar"), maxcount=10) as writer:
+        for i in range(10 * count):
+            writer.write({"__key__": f"k{i:08d}", "jpg": b"j" * (100 + i % 50), "cls": str(i % 10)})
+    shutil.copytree(v2, v1)  # copy2 keeps the modification times the indexes name
+    for shard in writer.paths:
+        twin = os.path.join(v1, os.path.basename(shard))
+        with open(index_path(twin), "wb") as f:
+            f.write(_to_v1_bytes(ShardIndex.load(index_path(shard))))
+    times: dict[str, list[float]] = {"v1 (.npz)": [], "v2": []}
+    # write_index=False: open_index would otherwise rewrite the v1 indexes as v2
+    for folder_, name in ((v1, "v1 (.npz)"), (v2, "v2")):
+        ShardSet(os.path.join(folder_, "*.tar"), write_index=False)  # the first open; the page cache holds the files after it
+    for _ in range(repeat):
+        for folder_, name in ((v1, "v1 (.npz)"), (v2, "v2")):
+            started = time.perf_counter()
+            dataset = ShardSet(os.path.join(folder_, "*.tar"), write_index=False)
+            times[name].append(time.perf_counter() - started)
+            assert len(dataset) == 10 * count
+    return times
+
+
+def index_command(folder: str, count: int, repeat: int) -> tuple[int, dict[int, list[float]]]:
+    """Shard size, and seconds of ``hydrax shards index --force`` over ``count`` shards by number of workers."""
+    import subprocess
+    import sys
+
+    pattern = os.path.join(folder, "index-cmd", "s-%04d.tar")
+    os.makedirs(os.path.dirname(pattern))
+    write_shard(pattern % 0, 5000, 1024)
+    for i in range(1, count):
+        os.link(pattern % 0, pattern % i)  # the same bytes: indexing reads each name afresh
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(repeat):
+        for workers in times:
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", "--force", "-q", "--workers", str(workers),
+                            os.path.join(os.path.dirname(pattern), "*.tar")], check=True)
+            times[workers].append(time.perf_counter() - started)
+    return os.path.getsize(pattern % 0), times
 
 
 def read_rates(path: str, repeat: int) -> list[tuple[str, float, float]]:
@@ -246,6 +309,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20000)
     parser.add_argument("--payload", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--open-shards", type=int, default=3000, help="small shards opened by a ShardSet (0 skips it)")
+    parser.add_argument("--index-shards", type=int, default=200, help="shards for `hydrax shards index --workers` (0 skips it)")
     parser.add_argument("--jpegs", type=int, default=4096, help="samples for the end-to-end part (0 skips it)")
     parser.add_argument("--s3-samples", type=int, default=2000, help="samples of the shard read through local S3 (0 skips it)")
     parser.add_argument("--s3-workers", type=int, default=4, help="loader processes reading from S3")
@@ -254,22 +319,37 @@ def main() -> None:
         path = os.path.join(folder, "shard-000000.tar")
         write_shard(path, args.samples, args.payload)
         size = os.path.getsize(path)
-        times: dict[str, list[float]] = {"tarfile": [], "hydrax": []}
+        indexers = (("tarfile", with_tarfile), ("hydrax, Python grouping (before)", with_python_grouping),
+                    ("hydrax build_index (index_tar)", with_kernel))
+        times: dict[str, list[float]] = {name: [] for name, _ in indexers}
         for _ in range(args.repeat):
-            for name, func in (("tarfile", with_tarfile), ("hydrax", with_hydrax)):
+            for name, func in indexers:
                 started = time.perf_counter()
                 func(path)
                 times[name].append(time.perf_counter() - started)
+        opened = open_many(folder, args.open_shards, args.repeat) if args.open_shards else None
+        commands = index_command(folder, args.index_shards, max(1, min(args.repeat, 3))) if args.index_shards else None
         reads = read_rates(path, args.repeat)
         remote = s3_read_rates(folder, args.s3_samples, args.payload, args.s3_workers) if args.s3_samples else None
         if args.jpegs:
             jpeg_rows = end_to_end(write_jpeg_shards(folder, args.jpegs), max(1, min(args.repeat, 3)))
     print(f"shard: {args.samples} samples, {2 * args.samples} members, {size / 1e6:.1f} MB; medians of {args.repeat}")
-    print(f"{'indexer':8} | {'samples/s':>12} | {'MB/s':>9} | {'vs tarfile':>10}")
+    print(f"{'indexer':32} | {'seconds':>8} | {'samples/s':>12} | {'MB/s':>9} | {'vs tarfile':>10}")
     base = statistics.median(times["tarfile"])
     for name, runs in times.items():
         t = statistics.median(runs)
-        print(f"{name:8} | {args.samples / t:12,.0f} | {size / 1e6 / t:9,.0f} | {base / t:10.1f}")
+        print(f"{name:32} | {t:8.4f} | {args.samples / t:12,.0f} | {size / 1e6 / t:9,.0f} | {base / t:10.1f}")
+    if opened:
+        print(f"\nShardSet over {args.open_shards} local shards of 10 samples, indexes present (second open; medians of {args.repeat}):")
+        for name, runs in opened.items():
+            t = statistics.median(runs)
+            print(f"  indexes {name:10} {t:7.3f} s  {t / args.open_shards * 1e6:7.1f} us per shard")
+    if commands:
+        shard_size, commands = commands
+        print(f"\nhydrax shards index --force over {args.index_shards} shards of 5,000 samples, {shard_size / 1e6:.1f} MB each "
+              f"(one file, hard-linked; medians of {len(commands[1])}):")
+        for workers, runs in commands.items():
+            print(f"  --workers {workers}  {statistics.median(runs):7.2f} s")
     print("\nreading every field of every sample from the local shard (best of the repeats):")
     for name, rate, mbps in reads:
         print(f"  {name:13} {rate:12,.0f} samples/s {mbps:9,.0f} MB/s")

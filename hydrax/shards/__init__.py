@@ -1,14 +1,18 @@
-"""WebDataset-style tar shards as a data source (in progress: local shards so far)."""
+"""WebDataset-style tar shards as a data source: local, S3, GCS and HTTP(S), indexed for random access."""
 
 from .indexfile import ShardIndex, build_index, index_path, open_index, read_wids_descriptor
-from .s3 import S3Options
-from .shardset import SampleRef, ShardSet, default_cache_dir, expand_urls
+from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest
+from .readahead import ReadAhead
+from .shardset import SampleRef, ShardSet
+from .store import GCSOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions, store_for
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 from .writer import ShardWriter
 
 __all__ = [
-    "Member", "S3Options", "Sample", "SampleRef", "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter",
-    "build_index", "default_cache_dir", "expand_urls", "group_samples", "index_path", "open_index", "read_wids_descriptor", "scan_members",
+    "GCSOptions", "HTTPOptions", "Member", "ObjectInfo", "ReadAhead", "S3Options", "Sample", "SampleRef", "ShardEntry",
+    "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter", "Store", "StoreOptions", "build_index", "default_cache_dir",
+    "expand_urls", "group_samples", "index_path", "open_index", "publish_indexes", "read_manifest", "read_wids_descriptor",
+    "scan_members", "store_for", "write_manifest",
 ]
 
 from .build import (BuildError, BuildReport, SourceSample, build_shards, samples_from_files, samples_from_folder,

@@ -96,9 +96,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import s3
-from .indexfile import index_path
-from .s3 import S3Options
+from ..errors import ObjectNotFoundError
+from .catalog import INDEX_SUFFIX
+from .indexfile import ShardIndex, index_path
+from .store import S3Options, StoreOptions, is_remote, store_for
 from .tarindex import IMAGE_EXTENSIONS
 from .writer import ShardWriter
 
@@ -590,23 +591,15 @@ def _parse_pattern(pattern: str) -> tuple[str, str]:
     return head.replace("%%", "%"), tail.replace("%%", "%")
 
 
-def _s3_failure(url: str, exc: Exception, permission: str, endpoint: str | None) -> Exception:
-    if type(exc).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-        return OSError(f"{url}: cannot reach the S3 endpoint {endpoint or '(the AWS default)'}: {exc}")
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if hasattr(exc, "response") else ""
-    if code == "NoSuchBucket":
-        return FileNotFoundError(f"{url}: the bucket {url[len('s3://'):].partition('/')[0]!r} does not exist")
-    return s3._explain(url, exc, permission)
-
-
 class _Output:
-    """Where finished shards go: renamed into place (local) or uploaded (S3)."""
+    """Where finished shards go: renamed into place (local) or uploaded with an index object
+    beside each (remote)."""
 
-    def __init__(self, pattern: str, options: S3Options | None) -> None:
+    def __init__(self, pattern: str, options: S3Options | StoreOptions | None) -> None:
         self.pattern = pattern
-        self.remote = pattern.startswith("s3://")
+        self.remote = is_remote(pattern)
         head, tail = _parse_pattern(pattern)
-        self.options = options or S3Options()
+        self.options = options if isinstance(options, StoreOptions) else StoreOptions(s3=options or S3Options())
         self.matches = re.compile(re.escape(head.rpartition("/")[2]) + r"\d+" + re.escape(tail) + r"(\.hidx)?")
         self.published: list[str] = []
         self.sizes = 0
@@ -614,9 +607,8 @@ class _Output:
         self._uploader: ThreadPoolExecutor | None = None
         self._created: str | None = None
         if self.remote:
-            self.bucket, key_pattern = s3.split_url(pattern)
-            self.key_folder = key_pattern.rpartition("/")[0]
-            self.folder = f"s3://{self.bucket}/{self.key_folder}"
+            self.folder = pattern.rpartition("/")[0]
+            self.store = store_for(pattern, self.options)
             self.temp = tempfile.mkdtemp(prefix="hydrax-build-")
         else:
             self.folder = os.path.dirname(pattern) or "."
@@ -631,15 +623,13 @@ class _Output:
         """The files (or objects) of the pattern that exist already."""
         if not self.remote:
             return sorted(os.path.join(self.folder, n) for n in os.listdir(self.folder) if self.matches.fullmatch(n))
-        prefix = f"{self.key_folder}/" if self.key_folder else ""
-        found = []
+        prefix = self.folder + "/"
         try:
-            pages = s3.client(self.options).get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/")
-            for page in pages:
-                found += [item["Key"] for item in page.get("Contents", []) if self.matches.fullmatch(item["Key"][len(prefix):])]
-        except Exception as exc:
-            raise _s3_failure(f"s3://{self.bucket}/{prefix}", exc, "s3:ListBucket", self.options.endpoint_url) from exc
-        return [f"s3://{self.bucket}/{key}" for key in sorted(found)]
+            found = self.store.list(prefix)
+        except ObjectNotFoundError as exc:
+            raise ObjectNotFoundError(str(exc), url=prefix) from exc
+        names = [info.url[len(prefix):] for info in found]
+        return [prefix + name for name in names if "/" not in name and self.matches.fullmatch(name)]
 
     def publish(self, temporary: str) -> None:
         """Move the finished shard ``temporary`` to its final name (ShardWriter's ``post``)."""
@@ -660,18 +650,18 @@ class _Output:
             self._uploader = ThreadPoolExecutor(1, thread_name_prefix="hydrax-upload")
         while len(self._uploads) >= 2:
             self._uploads.popleft().result()
-        key = f"{self.key_folder}/{name}" if self.key_folder else name
-        self._uploads.append(self._uploader.submit(self._upload, temporary, key))
+        self._uploads.append(self._uploader.submit(self._upload, temporary, f"{self.folder}/{name}"))
 
-    def _upload(self, temporary: str, key: str) -> None:
-        url = f"s3://{self.bucket}/{key}"
-        try:
-            s3.client(self.options).upload_file(temporary, self.bucket, key)
-        except Exception as exc:
-            cause = exc.__cause__ or exc.__context__ or exc
-            raise _s3_failure(url, cause if isinstance(cause, Exception) else exc, "s3:PutObject", self.options.endpoint_url) from exc
+    def _upload(self, temporary: str, url: str) -> None:
+        info = self.store.upload(url, temporary)
         self.published.append(url)
+        # The index object beside it, tied to the version just written: ShardSet then sets up
+        # without reading the shard.
+        index = ShardIndex.load(index_path(temporary))
+        index.etag = info.version
+        self.store.write(url + INDEX_SUFFIX, index.to_bytes())
         os.unlink(temporary)
+        os.unlink(index_path(temporary))
 
     def finish(self) -> None:
         """Wait for uploads, then remove the temporary folder."""
@@ -688,8 +678,8 @@ class _Output:
         for final in self.published:
             try:
                 if self.remote:
-                    bucket, key = s3.split_url(final)
-                    s3.client(self.options).delete_object(Bucket=bucket, Key=key)
+                    self.store.delete(final)
+                    self.store.delete(final + INDEX_SUFFIX)
                 else:
                     for path in (final, index_path(final)):
                         if os.path.exists(path):
@@ -851,7 +841,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
                              "the build would overwrite it (--force overwrites)")
         if shuffle_seed is not None:
             samples = shuffled(samples, shuffle_seed)
-        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish, index=not output.remote)
+        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish)
         written = payload = 0
         skipped: list[str] = []
         # closing(): the worker processes stop before the cleanup below, not whenever the

@@ -1,101 +1,87 @@
 """ShardSet: the samples of a set of tar shards, as a Sequence a DataGroup can hold.
 
-``DataGroup(256, ShardSet("data/train-{0000..0099}.tar"), loader_arrays=...)`` indexes every
-shard once (reading ``<shard>.hidx`` beside it, or building and writing it), then behaves as a
+``DataGroup(256, ShardSet("data/train-{0000..0099}.tar"), loader_arrays=...)`` finds every
+shard's index once (see :mod:`hydrax.shards.catalog`: beside local shards, from index objects or
+a manifest for remote ones, never by reading the data when those exist), then behaves as a
 sequence of light :class:`SampleRef` s. In a worker, ``sample["jpg"]`` is a zero-copy
-``memoryview`` of that field's bytes in the shard, mapped once per process; nothing is opened or
-pickled per item. Local paths, ``file://`` URLs, globs and brace ranges are understood, and so
-are ``s3://bucket/key`` URLs: their indexes are built from one GET of each shard and kept in a
-local cache (never written into the bucket), and each sample is one ranged GET (all its fields at
-once) over a client reused by the process.
+``memoryview`` of that field's bytes: from a mapping of the local shard (at most ``max_open``
+mappings per process, least recently used closed first, so 10,000 shards fit under ``ulimit -n
+1024``), or, for remote shards, from what the main process read ahead
+(:mod:`hydrax.shards.readahead`), else from one ranged request that brings all of the sample's
+fields. Remote reads are pinned to the version each shard was indexed at.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import mmap
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from . import s3
-from .indexfile import ShardIndex, open_index
-from .s3 import S3Options
-from .tarindex import ShardFormatError, group_samples, scan_members
+from ..errors import ObjectChangedError
+from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, resolve
+from .indexfile import ShardIndex
+from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
+from .store import GCSOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
+__all__ = ["SampleRef", "ShardSet", "default_cache_dir", "expand_urls"]
 
-def default_cache_dir() -> str:
-    """Where indexes of remote shards are kept: ``$HYDRAX_CACHE``, else ``~/.cache/hydrax``."""
-    return os.environ.get("HYDRAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hydrax")
-
-
-def expand_urls(urls: str | Sequence[str], s3_options: S3Options | None = None) -> list[str]:
-    """Shard URLs from brace ranges (``train-{0000..0099}.tar``), globs and lists, in order."""
-    from braceexpand import braceexpand
-
-    if isinstance(urls, (str, os.PathLike)):
-        urls = [os.fspath(urls)]
-    expanded: list[str] = []
-    for spec in urls:
-        for url in braceexpand(os.fspath(spec)):
-            path = url[len("file://"):] if url.startswith("file://") else url
-            if path.startswith("s3://"):
-                if glob.has_magic(path):
-                    matches = s3.glob(path, s3_options or S3Options())
-                    if not matches:
-                        raise FileNotFoundError(f"shard pattern {url!r} matches no object")
-                    expanded.extend(matches)
-                else:
-                    expanded.append(path)
-                continue
-            if "://" in path:
-                scheme = path.split("://", 1)[0]
-                raise NotImplementedError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; use local paths or s3://")
-            if glob.has_magic(path):
-                matches = sorted(glob.glob(path))
-                if not matches:
-                    raise FileNotFoundError(f"shard pattern {url!r} matches no file")
-                expanded.extend(matches)
-            else:
-                expanded.append(path)
-    if not expanded:
-        raise ValueError(f"no shards in {urls!r}")
-    return expanded
+#: Local shard mappings a process keeps open at most (each holds one file descriptor).
+MAX_OPEN = 128
 
 
 class ShardSet(Sequence["SampleRef"]):
     """The samples of the tar shards ``urls``, in shard order.
 
-    :param urls: a path, ``file://`` or ``s3://`` URL, glob or brace pattern, or a list of them.
+    :param urls: a path, ``file://``, ``s3://``, ``gs://`` or ``http(s)://`` URL, glob or brace
+        pattern, or a list of them; or one dataset manifest (a wids ``wids-shard-index-v1``
+        ``.json`` descriptor, local or remote), which sets up with a single request.
     :param write_index: write a missing index (or refresh one whose shard only has a new
-        modification time): ``<shard>.hidx`` beside a local shard, or into
-        ``cache_dir`` for a remote one (else only build it in memory).
+        modification time): ``<shard>.hidx`` beside a local shard, or into ``cache_dir`` for a
+        remote one (nothing is ever written into a bucket; ``hydrax shards index`` does that).
     :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
-        configuration).
+        configuration). ``gcs`` and ``http`` likewise for ``gs://`` and ``http(s)://``.
     :param cache_dir: where indexes of remote shards are kept (default :func:`default_cache_dir`).
+    :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.readahead.ReadAhead`);
+        memory is bounded by its ``max_bytes``.
+    :param max_open: local shard mappings kept open per process.
     """
 
     def __init__(self, urls: str | Sequence[str], *, write_index: bool = True, s3: S3Options | None = None,
-                 cache_dir: str | None = None) -> None:
-        self.s3 = s3 or S3Options()
-        self.urls = expand_urls(urls, self.s3)
-        self._remote = [url.startswith("s3://") for url in self.urls]
-        cache = cache_dir or default_cache_dir()
-        indexes = []
-        for url, remote in zip(self.urls, self._remote):
-            if remote:
-                indexes.append(_remote_index(url, self.s3, cache, write_index))
-                continue
-            if not os.path.exists(url):
-                raise FileNotFoundError(f"shard {url!r} does not exist (check the path or pattern)")
-            indexes.append(open_index(url, write=write_index))
-        self._indexes: list[ShardIndex] = indexes
-        self._starts = np.cumsum([0] + [len(i) for i in indexes], dtype=np.int64)
-        self._maps: dict[int, mmap.mmap] = {}
-        self._remote_sample: tuple[int, int, int, memoryview] | None = None  # (shard, sample, offset, bytes)
+                 gcs: GCSOptions | None = None, http: HTTPOptions | None = None, cache_dir: str | None = None,
+                 readahead: ReadAhead | None = None, max_open: int = MAX_OPEN) -> None:
+        if not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"ShardSet(max_open=...) must be a positive int, got {max_open!r}")
+        self.options = StoreOptions(s3 or S3Options(), gcs or GCSOptions(), http or HTTPOptions())
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.readahead = readahead or ReadAhead()
+        self.max_open = max_open
+        self._write_index = write_index
+        self._entries: list[ShardEntry] = resolve(urls, self.options, self.cache_dir, write_index)
+        self.urls = [e.url for e in self._entries]
+        self._remote = [is_remote(url) for url in self.urls]
+        self._starts = np.cumsum([0] + [e.samples for e in self._entries], dtype=np.int64)
+        self._root: str | None = None
+        if any(self._remote) and self.readahead.enabled:
+            self._root = self.readahead.cache_dir and os.path.join(self.readahead.cache_dir, "data") or private_root()
+            if self.readahead.cache_dir is None:
+                finalizer(self, self._root)
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
+        self._layouts: dict[int, ShardLayout] = {}
+        self._files = LocalFiles(self.max_open)
+        self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
+        self._fetcher: Fetcher | None = None
+
+    @property
+    def s3(self) -> S3Options:
+        """The ``s3://`` settings in use."""
+        return self.options.s3
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -116,55 +102,123 @@ class ShardSet(Sequence["SampleRef"]):
         """Samples per shard."""
         return np.diff(self._starts).tolist()
 
+    def index(self, shard: int) -> ShardIndex:
+        """The index of shard number ``shard`` (loaded on first use for shards named by a manifest)."""
+        entry = self._entries[shard]
+        if entry.index is None:
+            load_index(entry, self.options, self.cache_dir, self._write_index)
+        return entry.index
+
+    def shard_entry(self, shard: int) -> ShardEntry:
+        """URL, size, version and sample count of shard number ``shard``."""
+        return self._entries[shard]
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, sample within the shard) of each of the item ``indices``."""
+        items = np.asarray(indices, np.int64)
+        shards = np.searchsorted(self._starts, items, side="right") - 1
+        return shards, items - self._starts[shards]
+
+    # -- reading -----------------------------------------------------------------------------
     def _read(self, shard: int, sample: int, offset: int, size: int) -> memoryview:
         if self._remote[shard]:
-            # One ranged GET brings all of a sample's fields (they are consecutive in the tar), so
-            # a sample costs one round trip however many fields are read from it.
-            cached = self._remote_sample
-            if cached is None or cached[:2] != (shard, sample):
-                spans = self._indexes[shard].fields(sample).values()
-                first = min(o for o, _ in spans)
-                end = max(o + n for o, n in spans)
-                cached = self._remote_sample = (shard, sample, first, memoryview(s3.fetch(self.urls[shard], self.s3, first, end - first)))
-            start = offset - cached[2]
-            return cached[3][start : start + size]
+            return self._read_remote(shard, sample, offset, size)
         mapping = self._maps.get(shard)
         if mapping is None:
-            url = self.urls[shard]
-            with open(url, "rb") as f:
-                if os.fstat(f.fileno()).st_size != self._indexes[shard].shard_size:
-                    raise ShardFormatError(f"{url}: the shard changed since it was indexed; delete {url}.hidx and restart")
-                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[shard] = mapping
+            mapping = self._map(shard)
+        else:
+            self._maps.move_to_end(shard)
         return memoryview(mapping)[offset : offset + size]
+
+    def _map(self, shard: int) -> mmap.mmap:
+        url = self.urls[shard]
+        with open(url, "rb") as f:
+            if os.fstat(f.fileno()).st_size != self.index(shard).shard_size:
+                raise ObjectChangedError(f"{url}: the shard changed since it was indexed; delete {url}.hidx and restart", url=url)
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps[shard] = mapping
+        while len(self._maps) > self.max_open:
+            # Dropping the last reference closes the mapping and its descriptor (a view a loader
+            # still holds keeps it open until that view goes).
+            self._maps.popitem(last=False)
+        return mapping
+
+    def layout(self, shard: int) -> ShardLayout:
+        """Where shard ``shard``'s samples are, and where read-ahead puts them."""
+        layout = self._layouts.get(shard)
+        if layout is None:
+            index = self.index(shard)
+            starts, ends = index.sample_spans()
+            entry = self._entries[shard]
+            layout = self._layouts[shard] = ShardLayout(entry.url, entry.version, starts, ends, self._root or "")
+        return layout
+
+    def _read_remote(self, shard: int, sample: int, offset: int, size: int):
+        # A sample's fields are consecutive in the tar: one read brings all of them.
+        cached = self._remote_sample
+        if cached is None or cached[:2] != (shard, sample):
+            layout = self.layout(shard)
+            found = self._files.find(layout, sample) if self._root else None
+            if found is None:
+                start, end = int(layout.starts[sample]), int(layout.ends[sample])
+                data = store_for(layout.url, self.options).read(layout.url, start, end - start, version=layout.version)
+                found = (data, start)
+            cached = self._remote_sample = (shard, sample, found[1], memoryview(found[0]))
+        start = offset - cached[2]
+        return cached[3][start : start + size]
+
+    # -- read-ahead (the Dataloader calls these in the main process) -------------------------
+    def prefetch(self, key: Any, indices, order: str) -> None:
+        """Items ``indices`` will be read soon, for batch ``key``, in ``order`` (``"sequential"``,
+        ``"shardwise"`` or ``"random"``): fetch their remote shards or samples ahead."""
+        if self._root is None:
+            return
+        shards, samples = self.locate(indices)
+        remote = np.asarray(self._remote)[shards]
+        if not remote.any():
+            return
+        if self._fetcher is None:
+            self._fetcher = Fetcher(self.readahead, self._root, self.layout, lambda s: store_for(self.urls[s], self.options))
+        self._fetcher.announce(key, shards[remote], samples[remote], order)
+
+    def release(self, key: Any) -> None:
+        """Batch ``key`` is loaded: what was read ahead for it may go."""
+        if self._fetcher is not None:
+            self._fetcher.release(key)
+
+    @property
+    def prefetch_items(self) -> int:
+        """How many upcoming items are worth announcing: what half the read-ahead memory holds."""
+        if self._root is None:
+            return 0
+        mean = max(1, sum(e.size or 0 for e in self._entries) // max(1, len(self)))
+        return max(1, self.readahead.max_bytes // 2 // mean)
+
+    @property
+    def readahead_stats(self) -> dict[str, int]:
+        """Requests, bytes, evictions and failures of read-ahead in this process so far."""
+        return dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0}
+
+    def close(self) -> None:
+        """Stop reading ahead and close this process's mappings (the ShardSet stays usable)."""
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
+        self._maps.clear()
+        self._files.clear()
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_maps"] = {}  # mappings are per process
-        state["_remote_sample"] = None
+        for name in ("_maps", "_layouts", "_files", "_remote_sample", "_fetcher"):
+            state.pop(name)  # per process
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_process_state()
 
     def __repr__(self) -> str:
         return f"ShardSet({len(self.urls)} shards, {len(self)} samples)"
-
-
-def _remote_index(url: str, options: S3Options, cache: str, write: bool) -> ShardIndex:
-    """The index of a remote shard: from the local cache while the object is unchanged, else
-    built from one GET of the whole object."""
-    size, mtime_ns = s3.head(url, options)
-    path = os.path.join(cache, "index", hashlib.sha256(url.encode()).hexdigest()[:32] + ".hidx")
-    try:
-        index = ShardIndex.load(path)
-        if (index.shard_size, index.shard_mtime_ns) == (size, mtime_ns):
-            return index
-    except (FileNotFoundError, ShardFormatError):
-        pass
-    data = s3.fetch(url, options)
-    index = ShardIndex.from_samples(group_samples(scan_members(data, url), url), size, mtime_ns)
-    if write:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        index.save(path)
-    return index
 
 
 class SampleRef(Mapping[str, memoryview]):
@@ -183,7 +237,7 @@ class SampleRef(Mapping[str, memoryview]):
     @property
     def key(self) -> str:
         """The sample's key."""
-        return self._set._indexes[self._shard].key(self._index)
+        return self._set.index(self._shard).key(self._index)
 
     @property
     def url(self) -> str:
@@ -193,7 +247,7 @@ class SampleRef(Mapping[str, memoryview]):
     @property
     def fields(self) -> dict[str, tuple[int, int]]:
         """``field -> (offset, size)`` within the shard."""
-        return self._set._indexes[self._shard].fields(self._index)
+        return self._set.index(self._shard).fields(self._index)
 
     def __getitem__(self, field: str):
         if field == "__key__":
@@ -214,3 +268,4 @@ class SampleRef(Mapping[str, memoryview]):
 
     def __repr__(self) -> str:
         return f"<sample {self.key!r} of {self.url}: {', '.join(self.fields)}>"
+

@@ -6,6 +6,11 @@
 WebDataset rules: the key is the member path up to the first dot of its basename, the field is the
 rest, lower-cased; consecutive members with one key form a sample; metadata members (``__…__``)
 are skipped; a field may appear once per sample.
+
+These two are the readable reference. Indexes are built faster by the ``index_tar`` kernel, which
+applies the same rules during the header scan without a Python object per member (see
+:func:`hydrax.shards.indexfile.index_from_bytes`); it leaves the rare shard it cannot group
+itself (a field name with a non-ASCII byte, a field twice in a sample) to these functions.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
+from ..errors import ShardFormatError
 
 _MESSAGES = {
     1: "bad header checksum (the shard is corrupt; rewrite or re-download it)",
@@ -27,8 +33,7 @@ _MESSAGES = {
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)
 
 
-class ShardFormatError(ValueError):
-    """A shard that is not a valid tar archive, or breaks the WebDataset sample rules."""
+__all__ = ["IMAGE_EXTENSIONS", "Member", "Sample", "ShardFormatError", "group_samples", "is_image_field", "scan_error", "scan_members"]
 
 
 @dataclass(frozen=True)
@@ -48,19 +53,28 @@ class Sample:
     fields: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
+def scan_error(url: str, status: int, offset: int) -> ShardFormatError:
+    """The error for a status of the ``scan_tar`` / ``index_tar`` kernels at byte ``offset``."""
+    return ShardFormatError(f"{url}: at byte offset {offset}: {_MESSAGES.get(status, f'scan error {status}')}",
+                            url=url, offset=offset)
+
+
 def scan_members(data, url: str = "<buffer>") -> list[Member]:
     """The regular members of the tar archive in ``data`` (bytes, mmap, memoryview), in order."""
-    view = memoryview(data).cast("B")
-    rows = np.empty((len(view) // 512 + 1, 7), np.int64)
-    count, status, offset = _core.scan_tar(view, rows)
-    if status:
-        raise ShardFormatError(f"{url}: at byte offset {offset}: {_MESSAGES.get(status, f'scan error {status}')}")
+    # The views are released before anything is raised: a traceback that kept one alive would
+    # stop the caller from closing its mapping.
     members = []
-    for _header, payload, size, prefix_at, prefix_len, name_at, name_len in rows[:count].tolist():
-        name = bytes(view[name_at : name_at + name_len])
-        if prefix_len:
-            name = bytes(view[prefix_at : prefix_at + prefix_len]) + b"/" + name
-        members.append(Member(name.decode("utf-8", "surrogateescape"), payload, size))
+    with memoryview(data) as raw, raw.cast("B") as view:
+        rows = np.empty((len(view) // 512 + 1, 7), np.int64)
+        count, status, offset = _core.scan_tar(view, rows)
+        if not status:
+            for _header, payload, size, prefix_at, prefix_len, name_at, name_len in rows[:count].tolist():
+                name = bytes(view[name_at : name_at + name_len])
+                if prefix_len:
+                    name = bytes(view[prefix_at : prefix_at + prefix_len]) + b"/" + name
+                members.append(Member(name.decode("utf-8", "surrogateescape"), payload, size))
+    if status:
+        raise scan_error(url, status, offset)
     return members
 
 
@@ -85,7 +99,8 @@ def group_samples(members: list[Member], url: str = "<buffer>") -> list[Sample]:
         if suffix in sample.fields:
             raise ShardFormatError(
                 f"{url}: at byte offset {member.offset}: sample {key!r} has field {suffix!r} twice "
-                "(members of one sample must have distinct extensions; rename or rewrite the shard)"
+                "(members of one sample must have distinct extensions; rename or rewrite the shard)",
+                url=url, offset=member.offset,
             )
         sample.fields[suffix] = (member.offset, member.size)
     return samples

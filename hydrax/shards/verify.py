@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 
 from .indexfile import ShardIndex, index_path
-from .s3 import S3Options
+from .store import S3Options, StoreOptions, is_remote, store_for
 from .tarindex import Sample, ShardFormatError, group_samples, is_image_field, scan_members
 
 #: Field extensions (the part after the last dot of the field) that :func:`verify_shard` decodes.
@@ -117,8 +117,9 @@ class ShardReport:
         }
 
 
-def verify_shard(url: str, *, decode: bool = False, s3: S3Options | None = None) -> ShardReport:
-    """Check the shard at ``url`` (a local path, ``file://`` or ``s3://`` URL); see the module docs.
+def verify_shard(url: str, *, decode: bool = False, s3: S3Options | StoreOptions | None = None) -> ShardReport:
+    """Check the shard at ``url`` (a local path, ``file://``, ``s3://``, ``gs://`` or ``http(s)://``
+    URL); see the module docs.
 
     Never raises for a bad shard: missing or unreadable shards, unreachable stores and every
     kind of damage become :class:`Problem` s in the report.
@@ -126,8 +127,8 @@ def verify_shard(url: str, *, decode: bool = False, s3: S3Options | None = None)
     url = os.fspath(url)
     path = url.removeprefix("file://")
     report = ShardReport(url)
-    if path.startswith("s3://"):
-        _verify_remote(path, report, decode, s3 or S3Options())
+    if is_remote(path):
+        _verify_remote(path, report, decode, s3 if isinstance(s3, StoreOptions) else StoreOptions(s3=s3 or S3Options()))
     else:
         _verify_local(path, report, decode)
     return report
@@ -162,16 +163,14 @@ def _verify_local(path: str, report: ShardReport, decode: bool) -> None:
                     _check_images(mapped, samples, report)
 
 
-def _verify_remote(url: str, report: ShardReport, decode: bool, options: S3Options) -> None:
-    from . import s3
-
+def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOptions) -> None:
     report.index = "remote"
     try:
-        data = s3.fetch(url, options)
+        data = store_for(url, options).read(url)
     except FileNotFoundError as exc:
         report.problems.append(Problem("missing", _without_url(str(exc), url)))
         return
-    except (OSError, ImportError, ValueError) as exc:  # unreachable store, refused credentials, no boto3, bad URL
+    except (OSError, ImportError, ValueError) as exc:  # unreachable store, refused credentials, bad URL
         report.problems.append(Problem("unreadable", _without_url(str(exc), url)))
         return
     report.size = len(data)

@@ -1,0 +1,383 @@
+"""Finding a dataset's shards and their indexes without reading the data.
+
+:func:`expand_urls` turns brace ranges, globs and lists into shard URLs. :func:`resolve` then
+gives every shard its size, version and index:
+
+- local shards: ``<shard>.hidx`` beside each (built and written when missing);
+- remote shards (``s3://``, ``gs://``): one LIST per folder gives every shard's size and ETag and
+  shows which have an index object ``<shard>.hidx`` beside them (``hydrax shards index`` writes
+  them); indexes come from the local cache while the shard's ETag is unchanged, else from the
+  index objects, many requests at once, else are built from the shard itself (also
+  concurrently). Nothing is written into the bucket;
+- ``http(s)://`` shards: a HEAD each (such servers cannot list), then as above;
+- a manifest (a wids ``wids-shard-index-v1`` descriptor, local or remote, named instead of
+  shards): one request gives every shard, its sample count and, when hydrax wrote it, its size
+  and ETag; the indexes are then loaded only when a shard is first read.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
+from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
+from .store import (REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
+                    run_async, scheme_of, store_for)
+
+log = logging.getLogger(__name__)
+
+#: Index objects and files sit beside their shard under this suffix.
+INDEX_SUFFIX = ".hidx"
+#: Requests in flight while setting up (index objects are small).
+SETUP_REQUESTS = 64
+#: Whole shards read at once when indexes must be built from them.
+BUILD_REQUESTS = 8
+
+
+def default_cache_dir() -> str:
+    """Where indexes of remote shards are kept: ``$HYDRAX_CACHE``, else ``~/.cache/hydrax``."""
+    return os.environ.get("HYDRAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hydrax")
+
+
+@dataclass
+class ShardEntry:
+    """One shard: its URL, size, version (ETag; None for local files), sample count and index.
+
+    ``index`` is None until loaded (a manifest gives counts first); ``size`` and ``version`` may
+    be None too until then.
+    """
+
+    url: str
+    size: int | None = None
+    version: str | None = None
+    samples: int | None = None
+    index: ShardIndex | None = None
+
+
+def expand_urls(urls: str | Sequence[str], options: StoreOptions | None = None) -> list[str]:
+    """Shard URLs from brace ranges (``train-{0000..0099}.tar``), globs and lists, in order."""
+    return [info.url for info in _expand(urls, as_store_options(options))[0]]
+
+
+def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, ObjectInfo]]:
+    """(shards, with what a listing said of them where one was made; everything listed)."""
+    from braceexpand import braceexpand
+
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    expanded: list[ObjectInfo] = []
+    listed: dict[str, ObjectInfo] = {}
+    for spec in urls:
+        for url in braceexpand(os.fspath(spec)):
+            scheme = scheme_of(url)
+            if scheme == "file":
+                path = local_path(url)
+                if glob.has_magic(path):
+                    matches = sorted(p for p in glob.glob(path) if not p.endswith(INDEX_SUFFIX))
+                    if not matches:
+                        raise ObjectNotFoundError(f"shard pattern {url!r} matches no file", url=url)
+                    expanded += [ObjectInfo(p, -1, None, 0) for p in matches]
+                else:
+                    expanded.append(ObjectInfo(path, -1, None, 0))
+                continue
+            if scheme not in REMOTE_SCHEMES:
+                raise NotImplementedError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; "
+                                          "use local paths, s3://, gs:// or http(s)://")
+            if glob.has_magic(url):
+                # One listing of the folder serves the pattern and shows the index objects too.
+                cut = min(url.find(c) for c in "*?[" if c in url)
+                try:
+                    found = store_for(url, options).list(url[:cut])
+                except StoreError as exc:  # name the pattern the user gave
+                    raise type(exc)(str(exc).replace(repr(url[:cut]), repr(url)), url=url) from exc
+                listed.update((info.url, info) for info in found)
+                matches = [info for info in found if fnmatch.fnmatchcase(info.url, url) and not info.url.endswith(INDEX_SUFFIX)]
+                if not matches:
+                    raise ObjectNotFoundError(f"shard pattern {url!r} matches no object", url=url)
+                expanded += matches
+            else:
+                expanded.append(ObjectInfo(url, -1, None, 0))
+    if not expanded:
+        raise ValueError(f"no shards in {urls!r}")
+    return expanded, listed
+
+
+def is_manifest(urls) -> bool:
+    """Whether ``urls`` names one dataset manifest (a ``.json`` file or object) rather than shards."""
+    return isinstance(urls, (str, os.PathLike)) and os.fspath(urls).endswith(".json")
+
+
+def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry]:
+    """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
+    if is_manifest(urls):
+        return read_manifest(os.fspath(urls), options)
+    shards, listed = _expand(urls, options)
+    entries = [ShardEntry(info.url) for info in shards]
+    for entry in entries:
+        if not is_remote(entry.url):
+            try:
+                entry.index = open_index(entry.url, write=write_index)
+            except FileNotFoundError:
+                if os.path.exists(entry.url):
+                    raise
+                raise ObjectNotFoundError(f"shard {entry.url!r} does not exist (check the path or pattern)", url=entry.url) from None
+            entry.size, entry.samples = entry.index.shard_size, len(entry.index)
+    remote = [e for e in entries if is_remote(e.url)]
+    if remote:
+        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index))
+    return entries
+
+
+async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
+                          cache_dir: str, write_index: bool) -> None:
+    # Sizes and ETags: one LIST per folder (not a HEAD per shard), a HEAD each where a store cannot list.
+    folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries
+                      if e.url not in listed and scheme_of(e.url) in ("s3", "gs")})
+    try:
+        listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
+    except StoreError as exc:
+        first = next(e.url for e in entries if e.url.startswith(exc.url or ""))
+        raise type(exc)(f"shard {first!r}: {exc}", url=first) from exc
+    for found in listings:
+        listed.update((info.url, info) for info in found)
+    unlisted = [e for e in entries if e.url not in listed and scheme_of(e.url) not in ("s3", "gs")]
+    heads = await gather_limited([lambda e=e: store_for(e.url, options).stat_async(e.url) for e in unlisted], SETUP_REQUESTS)
+    listed.update((info.url, info) for info in heads)
+    for entry in entries:
+        info = listed.get(entry.url)
+        if info is None:
+            raise ObjectNotFoundError(f"shard {entry.url!r} does not exist; check the bucket and key", url=entry.url)
+        entry.size, entry.version = info.size, info.version
+    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in entries], SETUP_REQUESTS)
+
+
+async def _list_async(folder: str, options: StoreOptions) -> list[ObjectInfo]:
+    import asyncio
+
+    return await asyncio.to_thread(store_for(folder, options).list, folder)
+
+
+def cache_path(cache_dir: str, url: str) -> str:
+    """Where the local copy of a remote shard's index is kept."""
+    return os.path.join(cache_dir, "index", hashlib.sha256(url.encode()).hexdigest()[:32] + INDEX_SUFFIX)
+
+
+def _cached(entry: ShardEntry, cache_dir: str) -> ShardIndex | None:
+    try:
+        index = ShardIndex.load(cache_path(cache_dir, entry.url))
+    except (FileNotFoundError, ShardFormatError):
+        return None
+    if index.shard_size == entry.size and index.etag == entry.version:
+        return index
+    return None
+
+
+def _keep(index: ShardIndex, entry: ShardEntry, cache_dir: str, write_index: bool) -> None:
+    if not write_index:
+        return
+    path = cache_path(cache_dir, entry.url)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        index.save(path)
+    except OSError:
+        pass  # a read-only cache: fetch again next time
+
+
+_build_slots = None
+
+
+async def _index_entry(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
+                       write_index: bool) -> None:
+    """Give ``entry`` its index: the local cache, else the index object beside it, else built."""
+    entry.index = _cached(entry, cache_dir)
+    if entry.index is None:
+        store = store_for(entry.url, options)
+        beside = listed.get(entry.url + INDEX_SUFFIX)
+        if beside is None and scheme_of(entry.url) not in ("s3", "gs"):
+            beside = ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)  # cannot list: try it
+        index = None
+        if beside is not None:
+            try:
+                data = await store.read_async(beside.url, version=beside.version)
+                index = ShardIndex.from_bytes(data, beside.url)
+            except ObjectNotFoundError:
+                index = None
+            except ShardFormatError as exc:
+                log.warning("ignoring a damaged index object (building the index afresh): %s", exc)
+                index = None
+            if index is not None and (index.shard_size, index.etag) != (entry.size, entry.version):
+                index = None  # written for an earlier version of the shard: build afresh
+        if index is None:
+            index = await _build_async(entry, store)
+        _keep(index, entry, cache_dir, write_index)
+        entry.index = index
+    entry.samples = len(entry.index)
+
+
+async def _build_async(entry: ShardEntry, store) -> ShardIndex:
+    import asyncio
+
+    global _build_slots
+    loop = asyncio.get_running_loop()
+    if _build_slots is None or _build_slots[0] is not loop:
+        _build_slots = (loop, asyncio.Semaphore(BUILD_REQUESTS))
+    async with _build_slots[1]:
+        data = await store.read_async(entry.url, version=entry.version)
+    if len(data) != entry.size:
+        raise ObjectChangedError(f"shard {entry.url!r}: listed with {entry.size} bytes, read {len(data)}", url=entry.url)
+    return build_remote_index(data, entry.url, entry.size, entry.version)
+
+
+def build_remote_index(data, url: str, size: int, version: str | None) -> ShardIndex:
+    """The index of a remote shard from its bytes, tied to its size and version."""
+    index = index_from_bytes(data, url, size, 0)
+    index.etag = version
+    return index
+
+
+def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
+    """Load the index of ``entry`` now (a shard named by a manifest, when it is first read)."""
+    if entry.index is None:
+        if not is_remote(entry.url):
+            entry.index = open_index(entry.url, write=write_index)
+        else:
+            if entry.size is None or entry.version is None:
+                info = store_for(entry.url, options).stat(entry.url)
+                entry.size, entry.version = info.size, info.version
+            # No listing at hand: try the index object beside the shard (a missing one is built).
+            probe = {entry.url + INDEX_SUFFIX: ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)}
+            samples = entry.samples
+            run_async(_index_entry(entry, probe, options, cache_dir, write_index))
+            entry.samples = samples
+    if entry.samples is not None and len(entry.index) != entry.samples:
+        raise ShardFormatError(f"{entry.url}: the manifest says {entry.samples} samples, its index has {len(entry.index)}; "
+                               "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
+    return entry.index
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests
+
+
+def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEntry]:
+    """The shards of a wids ``wids-shard-index-v1`` descriptor at ``url`` (a path or remote URL).
+
+    Each shardlist entry gives ``url`` and ``nsamples``; hydrax also reads ``filesize`` and its
+    own ``etag`` when present. Relative shard URLs are resolved against the descriptor's
+    ``base``, else its own folder.
+    """
+    options = options or StoreOptions()
+    try:
+        if is_remote(url):
+            raw = bytes(store_for(url, options).read(url))
+            folder = url.rsplit("/", 1)[0]
+        else:
+            with open(local_path(url), "rb") as f:
+                raw = f.read()
+            folder = os.path.dirname(os.path.abspath(local_path(url)))
+        descriptor = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardFormatError(f"{url}: not a JSON dataset manifest ({exc})", url=url) from exc
+    except FileNotFoundError as exc:
+        raise ObjectNotFoundError(f"manifest {url!r} does not exist", url=url) from exc
+    if not isinstance(descriptor, dict):
+        raise ShardFormatError(f"{url}: not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
+    pairs = read_wids_descriptor(descriptor, folder)
+    extra = descriptor.get("shardlist", [])
+    entries = []
+    for (shard_url, count), raw_entry in zip(pairs, extra):
+        size = raw_entry.get("filesize")
+        etag = raw_entry.get("etag")
+        entries.append(ShardEntry(shard_url, int(size) if isinstance(size, int) else None,
+                                  etag if isinstance(etag, str) else None, count))
+    if not entries:
+        raise ShardFormatError(f"{url}: the manifest lists no shards", url=url)
+    return entries
+
+
+def manifest_json(entries: Sequence[ShardEntry], name: str = "dataset", base: str | None = None) -> str:
+    """A wids ``wids-shard-index-v1`` descriptor listing ``entries`` (URLs relative to ``base`` when under it)."""
+    shardlist = []
+    for entry in entries:
+        url = entry.url
+        if base and url.startswith(base.rstrip("/") + "/"):
+            url = url[len(base.rstrip("/")) + 1:]
+        item = {"url": url, "nsamples": int(entry.samples if entry.samples is not None else len(entry.index))}
+        if entry.size is not None:
+            item["filesize"] = int(entry.size)
+        if entry.version is not None:
+            item["etag"] = entry.version
+        shardlist.append(item)
+    return json.dumps({"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": shardlist}, indent=1) + "\n"
+
+
+def write_manifest(entries: Sequence[ShardEntry], url: str, options: StoreOptions | None = None) -> None:
+    """Write a manifest of ``entries`` to ``url`` (a path or remote URL), atomically; shard URLs
+    in the manifest's folder are written relative to it."""
+    base = url.rsplit("/", 1)[0] if is_remote(url) else os.path.dirname(os.path.abspath(local_path(url)))
+    text = manifest_json(entries, os.path.basename(url).rsplit(".", 1)[0], base)
+    try:
+        store_for(url, options).write(url, text.encode("utf-8"))
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"manifest {url!r}: {exc}", url=url) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Index objects in the bucket
+
+
+def publish_indexes(urls, options: StoreOptions | None = None, *, force: bool = False,
+                    on_done=None) -> list[ShardEntry]:
+    """Write an index object ``<shard>.hidx`` beside every remote shard of ``urls`` that lacks a
+    current one (all of them with ``force``), building the indexes concurrently; returns the
+    shards with their indexes. ``on_done(entry)`` is called as each shard is done (a progress bar)."""
+    options = options or StoreOptions()
+    shards, listed = _expand(urls, options)
+    entries = [ShardEntry(info.url) for info in shards]
+    local = [e.url for e in entries if not is_remote(e.url)]
+    if local:
+        raise ValueError(f"index objects are for remote shards; {local[0]!r} is local (use hydrax shards index for it)")
+    run_async(_publish(entries, listed, options, force, on_done))
+    return entries
+
+
+async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions, force: bool, on_done) -> None:
+    folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries if e.url not in listed and scheme_of(e.url) in ("s3", "gs")})
+    for found in await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS):
+        listed.update((info.url, info) for info in found)
+    missing = [e for e in entries if e.url not in listed]
+    for info in await gather_limited([lambda e=e: store_for(e.url, options).stat_async(e.url) for e in missing], SETUP_REQUESTS):
+        listed[info.url] = info
+
+    async def one(entry: ShardEntry) -> None:
+        import asyncio
+
+        info = listed[entry.url]
+        entry.size, entry.version = info.size, info.version
+        store = store_for(entry.url, options)
+        beside = listed.get(entry.url + INDEX_SUFFIX)
+        index = None
+        if beside is not None and not force:
+            try:
+                index = ShardIndex.from_bytes(await store.read_async(beside.url), beside.url)
+            except (ObjectNotFoundError, ShardFormatError):
+                index = None
+            if index is not None and (index.shard_size, index.etag) != (entry.size, entry.version):
+                index = None
+        if index is None:
+            index = await _build_async(entry, store)
+            await asyncio.to_thread(store.write, entry.url + INDEX_SUFFIX, index.to_bytes())
+        entry.index, entry.samples = index, len(index)
+        if on_done is not None:
+            on_done(entry)
+
+    await gather_limited([lambda e=e: one(e) for e in entries], SETUP_REQUESTS)

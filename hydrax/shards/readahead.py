@@ -1,0 +1,627 @@
+"""Read-ahead for remote shards: fetch what the schedule will read before the workers ask for it.
+
+The schedule is a pure function of (seed, epoch), so the main process knows long in advance which
+samples each batch holds. The Dataloader announces upcoming batches to their data
+(``data.prefetch(key, indices, order)``, then ``data.release(key)`` once the batch is loaded);
+for a :class:`~hydrax.shards.ShardSet` with remote shards, a :class:`Fetcher` thread in the main
+process turns those announcements into requests, many in flight at once, and writes what arrives
+as files under one directory that every worker of the host reads:
+
+- in ``sequential`` and ``shardwise`` order, shards are *streamed whole*, one request per
+  shard, and written as sample-aligned chunks of about :data:`CHUNK_BYTES` (``c000012``), each
+  visible to workers as soon as it is complete, so a sample never spans two files and a worker
+  reads it zero-copy from a mapping;
+- in any other order, the announced samples are read with ranged requests, neighbours coalesced
+  into one request, and written one file per sample (``s00000042``).
+
+A file is written under a temporary name (``.c000012.part``) and renamed when complete; a worker
+that needs a sample whose file is being written waits for it, and one whose sample was not read
+ahead reads it itself (one ranged request), so read-ahead never blocks progress. Reads are pinned
+to the version (ETag) each shard was indexed at.
+
+Memory is bounded by :attr:`ReadAhead.max_bytes`: files of batches that are loaded are evicted,
+least recently used first, to make room; when everything held is still needed, the fetcher
+waits. By default the directory is private to the process and removed when the ShardSet goes
+away (and swept on a later start if the process was killed); with ``cache_dir`` it persists, so
+later epochs and runs skip downloads of what it still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: Target size of a streamed chunk file; chunks end on sample boundaries, so one sample larger
+#: than this is a chunk of its own.
+CHUNK_BYTES = 8 << 20
+#: Ranged reads of samples closer than this are merged into one request.
+COALESCE_GAP = 256 << 10
+#: The most bytes one coalesced ranged request covers.
+COALESCE_MAX = 8 << 20
+#: How long a worker waits for a file being written before reading the sample itself.
+WAIT_S = 15.0
+_PRIVATE_PREFIX = "hydrax-readahead-"
+#: A shard is streamed whole once the announced, unloaded batches read this share of its samples.
+STREAM_FRACTION = 0.1
+#: Orders in which a group reads whole shards (worth streaming).
+STREAMING_ORDERS = ("sequential", "shardwise")
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """How remote shards are read ahead (``ShardSet(..., readahead=ReadAhead(...))``).
+
+    :param max_bytes: the most bytes held read ahead (and cached) at once.
+    :param cache_dir: a directory that keeps what was read across epochs and runs (size-capped
+        by ``max_bytes``, least recently used evicted); None: a private temporary directory,
+        removed when the ShardSet is.
+    :param requests: ranged requests in flight at once.
+    :param streams: whole-shard streams at once.
+    :param enabled: False reads every sample with its own request when a worker needs it.
+    """
+
+    max_bytes: int = 1 << 30
+    cache_dir: str | None = None
+    requests: int = 32
+    streams: int = 8
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "requests", "streams"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ReadAhead({name}=...) must be a positive int, got {value!r}")
+
+
+def chunk_starts(starts: np.ndarray, ends: np.ndarray, target: int = CHUNK_BYTES) -> np.ndarray:
+    """The first sample of every chunk of a shard whose samples span ``[starts[i], ends[i])``.
+
+    A chunk takes samples until it holds at least ``target`` bytes; the result starts with 0.
+    Pure and deterministic, so workers find the chunk of a sample without asking.
+    """
+    firsts = [0]
+    chunk_start = int(starts[0]) if len(starts) else 0
+    for i in range(1, len(starts)):
+        if int(ends[i - 1]) - chunk_start >= target:
+            firsts.append(i)
+            chunk_start = int(starts[i])
+    return np.asarray(firsts, np.int64)
+
+
+def object_dir(root: str, url: str, version: str | None) -> str:
+    """The directory of one object version under ``root``."""
+    digest = hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()[:32]
+    return os.path.join(root, digest)
+
+
+def chunk_name(chunk: int) -> str:
+    return f"c{chunk:06d}"
+
+
+def sample_name(sample: int) -> str:
+    return f"s{sample:08d}"
+
+
+def part_name(name: str) -> str:
+    return f".{name}.part"
+
+
+def private_root() -> str:
+    """A new private read-ahead directory; directories of dead processes are swept first."""
+    base = tempfile.gettempdir()
+    pattern = re.compile(re.escape(_PRIVATE_PREFIX) + r"(\d+)-")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        entries = []
+    for entry in entries:
+        match = pattern.match(entry)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=base)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_private_root(root: str, owner: int) -> None:
+    """Remove ``root`` if this process made it (a forked copy of its owner must not)."""
+    if os.getpid() == owner:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class ShardLayout:
+    """What the fetcher and the workers need to know of one shard: where it is, its version, and
+    where its samples and chunks are."""
+
+    __slots__ = ("url", "version", "starts", "ends", "chunks", "directory")
+
+    def __init__(self, url: str, version: str | None, starts: np.ndarray, ends: np.ndarray, root: str) -> None:
+        self.url = url
+        self.version = version
+        self.starts = starts
+        self.ends = ends
+        self.chunks = chunk_starts(starts, ends)
+        self.directory = object_dir(root, url, version)
+
+    def chunk_of(self, sample: int) -> int:
+        return int(np.searchsorted(self.chunks, sample, side="right")) - 1
+
+    def chunk_span(self, chunk: int) -> tuple[int, int]:
+        """Byte range ``[start, end)`` of chunk ``chunk`` in the shard."""
+        first = int(self.chunks[chunk])
+        last = int(self.chunks[chunk + 1]) - 1 if chunk + 1 < len(self.chunks) else len(self.starts) - 1
+        return int(self.starts[first]), int(self.ends[last])
+
+
+class _Unit:
+    """One file the fetcher manages: a chunk or a sample of a shard."""
+
+    __slots__ = ("shard", "name", "size", "refs", "state")
+
+    def __init__(self, shard: int, name: str, size: int) -> None:
+        self.shard = shard
+        self.name = name
+        self.size = size
+        self.refs = 0
+        self.state = "absent"  # absent -> queued -> writing -> present (-> absent when evicted)
+
+
+class Fetcher:
+    """The read-ahead thread of one ShardSet in the main process (see the module docstring).
+
+    ``layout(shard)`` returns the :class:`ShardLayout` of a shard (loading its index if needed);
+    ``store(shard)`` its :class:`~hydrax.shards.store.Store`.
+    """
+
+    def __init__(self, options: ReadAhead, root: str, layout: Callable[[int], ShardLayout],
+                 store: Callable[[int], Any]) -> None:
+        self.options = options
+        self.root = root
+        self._layout = layout
+        self._store = store
+        self._units: OrderedDict[tuple[int, str], _Unit] = OrderedDict()  # least recently used first
+        self._batches: dict[Any, list[_Unit]] = {}
+        self._bytes = 0
+        self._streaming: set[int] = set()
+        self._outstanding: dict[int, int] = {}  # shard -> samples announced, not yet released
+        self._counts: dict[Any, dict[int, int]] = {}
+        self._pending: list[tuple] = []
+        self._flush_scheduled = False
+        self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0}
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._room: asyncio.Condition | None = None
+        self._requests: asyncio.Semaphore | None = None
+        self._streams: asyncio.Semaphore | None = None
+        self._closed = False
+        if options.cache_dir is not None:
+            self._adopt_existing()
+        self._thread = threading.Thread(target=self._run, name="hydrax-readahead", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    # -- thread and loop ---------------------------------------------------------------------
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._room = asyncio.Condition()
+        self._requests = asyncio.Semaphore(self.options.requests)
+        self._streams = asyncio.Semaphore(self.options.streams)
+        self._ready.set()
+        self._loop.run_forever()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
+
+    def _call(self, function, *args) -> None:
+        if not self._closed:
+            self._loop.call_soon_threadsafe(function, *args)
+
+    def close(self) -> None:
+        """Stop fetching (files already written stay until the directory is removed)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    # -- announcements (any thread) ----------------------------------------------------------
+    def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+        """Batch ``key`` will read ``samples`` of ``shards`` (parallel arrays), in ``order``."""
+        self._call(self._announce, key, shards, samples, order)
+
+    def release(self, key: Any) -> None:
+        """Batch ``key`` is loaded: what it needed may be evicted."""
+        self._call(self._release, key)
+
+    def settled(self, timeout: float = 30.0) -> bool:
+        """Wait until nothing is queued or being fetched (for tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = threading.Event()
+            busy: list[bool] = []
+
+            def check():
+                busy.append(any(u.state in ("queued", "writing") for u in self._units.values()))
+                done.set()
+
+            self._call(check)
+            done.wait(timeout)
+            if busy and not busy[0]:
+                return True
+            time.sleep(0.01)
+        return False
+
+    # -- on the loop -------------------------------------------------------------------------
+    def _unit(self, shard: int, name: str, size: int) -> _Unit:
+        key = (shard, name)
+        unit = self._units.get(key)
+        if unit is None:
+            unit = self._units[key] = _Unit(shard, name, size)
+        else:
+            self._units.move_to_end(key)
+        return unit
+
+    def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+        # Announcements come in bursts (a whole look-ahead at the start of a run): plan them
+        # together, so the choice between streaming a shard and reading its samples sees them all.
+        counts = dict(zip(*(a.tolist() for a in np.unique(shards, return_counts=True))))
+        for shard, n in counts.items():
+            self._outstanding[shard] = self._outstanding.get(shard, 0) + n
+        self._counts[key] = counts
+        self._pending.append((key, shards, samples, order))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_later(0.002, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        for item in pending:
+            self._plan(*item)
+
+    def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+        needed: list[_Unit] = []
+        random_wanted: dict[int, list[int]] = {}
+        stream_wanted: set[int] = set()
+        for shard in np.unique(shards).tolist():
+            try:
+                layout = self._layout(shard)
+            except Exception as exc:  # the worker's own read will report it
+                log.debug("read-ahead: no layout for shard %d: %s", shard, exc)
+                continue
+            # Stream a shard when the batches announced and not yet loaded read a good part of it;
+            # a few items of a shard (items spilled from another partition, say) are read alone.
+            stream = order in STREAMING_ORDERS and self._outstanding.get(shard, 0) >= STREAM_FRACTION * len(layout.starts)
+            chosen = samples[shards == shard]
+            chunks = np.searchsorted(layout.chunks, chosen, side="right") - 1
+            for chunk in np.unique(chunks).tolist():
+                start, end = layout.chunk_span(chunk)
+                unit = self._unit(shard, chunk_name(chunk), end - start)
+                if stream or unit.state != "absent":
+                    needed.append(unit)
+                    if unit.state == "absent":
+                        stream_wanted.add(shard)
+                    continue
+                for sample in chosen[chunks == chunk].tolist():
+                    s_unit = self._unit(shard, sample_name(sample), int(layout.ends[sample] - layout.starts[sample]))
+                    needed.append(s_unit)
+                    if s_unit.state == "absent":
+                        s_unit.state = "queued"
+                        random_wanted.setdefault(shard, []).append(sample)
+        for unit in needed:
+            unit.refs += 1
+        self._batches[key] = needed
+        for shard in sorted(stream_wanted):
+            if shard not in self._streaming:
+                self._streaming.add(shard)
+                self._loop.create_task(self._stream_shard(shard))
+        for shard, wanted in random_wanted.items():
+            for run in _coalesce(self._layout(shard), sorted(wanted)):
+                self._loop.create_task(self._read_run(shard, run))
+
+    def _release(self, key: Any) -> None:
+        if any(item[0] == key for item in self._pending):
+            self._flush()
+        for unit in self._batches.pop(key, ()):
+            unit.refs -= 1
+        for shard, n in self._counts.pop(key, {}).items():
+            self._outstanding[shard] -= n
+        self._loop.create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+    async def _reserve(self, unit: _Unit) -> bool:
+        """Make room for ``unit``; False when it is no longer wanted (nothing refers to it)."""
+        async with self._room:
+            while self._bytes + unit.size > self.options.max_bytes:
+                if not self._evict(self._bytes + unit.size - self.options.max_bytes):
+                    if unit.size > self.options.max_bytes:
+                        return False
+                    await self._room.wait()
+            self._bytes += unit.size
+            return True
+
+    def _evict(self, wanted: int) -> bool:
+        """Remove present, unreferenced files, least recently used first, until ``wanted`` bytes are free."""
+        freed = 0
+        for key, unit in list(self._units.items()):
+            if freed >= wanted:
+                break
+            if unit.state != "present" or unit.refs > 0:
+                continue
+            try:
+                os.unlink(os.path.join(self._layout(unit.shard).directory, unit.name))
+            except OSError:
+                pass
+            unit.state = "absent"
+            self._bytes -= unit.size
+            freed += unit.size
+            self.stats["evicted"] += 1
+            del self._units[key]
+        return freed >= wanted
+
+    def _begin(self, unit: _Unit, directory: str) -> str:
+        os.makedirs(directory, exist_ok=True)
+        unit.state = "writing"
+        part = os.path.join(directory, part_name(unit.name))
+        return part
+
+    def _finish(self, unit: _Unit, directory: str, part: str) -> None:
+        os.replace(part, os.path.join(directory, unit.name))
+        unit.state = "present"
+
+    def _abandon(self, unit: _Unit, part: str | None) -> None:
+        if part is not None:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+        if unit.state in ("writing", "queued"):
+            unit.state = "absent"
+            self._bytes -= unit.size if part is not None else 0
+
+    async def _stream_shard(self, shard: int) -> None:
+        """Stream the rest of a shard from its first missing chunk, writing chunk files as they fill."""
+        layout = self._layout(shard)
+        store = self._store(shard)
+        try:
+            async with self._streams:
+                count = len(layout.chunks)
+                first = next((c for c in range(count) if self._unit(shard, chunk_name(c), _span_size(layout, c)).state == "absent"), None)
+                if first is None:
+                    return
+                start = layout.chunk_span(first)[0]
+                end = layout.chunk_span(count - 1)[1]
+                self.stats["requests"] += 1
+                chunk = first
+                unit = None
+                part = None
+                f = None
+                buffered = 0
+                chunk_start, chunk_end = layout.chunk_span(chunk)
+                position = start
+                try:
+                    async for piece in store.stream_async(layout.url, start, end, version=layout.version):
+                        view = memoryview(piece)
+                        self.stats["bytes"] += len(view)
+                        while len(view):
+                            if f is None and chunk < count:
+                                unit = self._unit(shard, chunk_name(chunk), chunk_end - chunk_start)
+                                skip = unit.state != "absent" or not await self._reserve(unit)
+                                if skip:
+                                    unit = None
+                                else:
+                                    part = self._begin(unit, layout.directory)
+                                    f = open(part, "wb")
+                                # bytes between the previous chunk's end and this one's start (tar headers)
+                            gap = chunk_start - position
+                            if gap > 0:
+                                step = min(gap, len(view))
+                                view = view[step:]
+                                position += step
+                                continue
+                            take = min(chunk_end - position, len(view))
+                            if f is not None:
+                                f.write(view[:take])
+                            view = view[take:]
+                            position += take
+                            buffered += take
+                            if position == chunk_end:
+                                if f is not None:
+                                    f.close()
+                                    f = None
+                                    self._finish(unit, layout.directory, part)
+                                    part = None
+                                chunk += 1
+                                buffered = 0
+                                if chunk < count:
+                                    chunk_start, chunk_end = layout.chunk_span(chunk)
+                                else:
+                                    break
+                except BaseException:
+                    if f is not None:
+                        f.close()
+                    if unit is not None:
+                        self._abandon(unit, part)
+                    raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats["failed"] += 1
+            log.warning("read-ahead of %s stopped (workers read its samples themselves): %s", layout.url, exc)
+        finally:
+            self._streaming.discard(shard)
+
+    async def _read_run(self, shard: int, run: Sequence[int]) -> None:
+        """One ranged request for the consecutive-ish samples ``run``, written one file each."""
+        layout = self._layout(shard)
+        units = [self._units.get((shard, sample_name(s))) for s in run]
+        try:
+            for unit in units:
+                if unit is None or not await self._reserve(unit):
+                    return
+            start, end = int(layout.starts[run[0]]), int(layout.ends[run[-1]])
+            async with self._requests:
+                self.stats["requests"] += 1
+                data = memoryview(await self._store(shard).read_async(layout.url, start, end - start, version=layout.version))
+            self.stats["bytes"] += len(data)
+            os.makedirs(layout.directory, exist_ok=True)
+            for sample, unit in zip(run, units):
+                part = self._begin(unit, layout.directory)
+                with open(part, "wb") as f:
+                    f.write(data[int(layout.starts[sample]) - start : int(layout.ends[sample]) - start])
+                self._finish(unit, layout.directory, part)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats["failed"] += 1
+            log.warning("read-ahead of %d samples of %s failed (workers read them themselves): %s", len(run), layout.url, exc)
+            for unit in units:
+                if unit is not None and unit.state != "present":
+                    self._abandon(unit, None)
+                    self._bytes -= unit.size
+
+    def _adopt_existing(self) -> None:
+        """Count what a persistent cache already holds (oldest first), so the cap applies to it."""
+        found = []
+        for folder in os.scandir(self.root) if os.path.isdir(self.root) else ():
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder.path):
+                if entry.name.startswith("."):
+                    try:
+                        os.unlink(entry.path)  # a part left by a killed process
+                    except OSError:
+                        pass
+                    continue
+                stat = entry.stat()
+                found.append((stat.st_mtime_ns, entry.path, stat.st_size))
+        found.sort()
+        self._foreign = OrderedDict((path, size) for _, path, size in found)
+        self._bytes = sum(size for _, _, size in found)
+        if self._bytes > self.options.max_bytes:
+            self._trim_foreign(self._bytes - self.options.max_bytes)
+
+    def _trim_foreign(self, wanted: int) -> int:
+        freed = 0
+        while freed < wanted and self._foreign:
+            path, size = self._foreign.popitem(last=False)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            freed += size
+            self._bytes -= size
+        return freed
+
+
+def _span_size(layout: ShardLayout, chunk: int) -> int:
+    start, end = layout.chunk_span(chunk)
+    return end - start
+
+
+def _coalesce(layout: ShardLayout, samples: Sequence[int]) -> list[list[int]]:
+    """Group sorted ``samples`` of one shard into runs that one ranged request serves."""
+    runs: list[list[int]] = []
+    for sample in samples:
+        if runs:
+            run = runs[-1]
+            gap = int(layout.starts[sample]) - int(layout.ends[run[-1]])
+            if 0 <= gap <= COALESCE_GAP and int(layout.ends[sample]) - int(layout.starts[run[0]]) <= COALESCE_MAX:
+                run.append(sample)
+                continue
+        runs.append([sample])
+    return runs
+
+
+class LocalFiles:
+    """A worker's view of the read-ahead directory: finds a sample's bytes, waiting for a file
+    being written, and keeps a bounded number of chunk mappings open."""
+
+    def __init__(self, max_open: int = 64) -> None:
+        self.max_open = max_open
+        self._maps: OrderedDict[str, memoryview] = OrderedDict()
+
+    def find(self, layout: ShardLayout, sample: int):
+        """``(buffer, byte offset of the buffer in the shard)`` holding ``sample``, or None when it
+        was not read ahead (the caller then reads it itself)."""
+        chunk = layout.chunk_of(sample)
+        chunk_file = os.path.join(layout.directory, chunk_name(chunk))
+        sample_file = os.path.join(layout.directory, sample_name(sample))
+        deadline = None
+        while True:
+            view = self._maps.get(chunk_file)
+            if view is not None:
+                self._maps.move_to_end(chunk_file)
+                return view, layout.chunk_span(chunk)[0]
+            mapped = self._map(chunk_file)
+            if mapped is not None:
+                return mapped, layout.chunk_span(chunk)[0]
+            try:
+                with open(sample_file, "rb") as f:
+                    return f.read(), int(layout.starts[sample])
+            except FileNotFoundError:
+                pass
+            if not (os.path.exists(os.path.join(layout.directory, part_name(chunk_name(chunk))))
+                    or os.path.exists(os.path.join(layout.directory, part_name(sample_name(sample))))):
+                return None
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + WAIT_S
+            elif now > deadline:
+                log.warning("waited %.0f s for read-ahead of %s sample %d; reading it directly", WAIT_S, layout.url, sample)
+                return None
+            time.sleep(0.002)
+
+    def _map(self, path: str) -> memoryview | None:
+        import mmap
+
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            mapping = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)  # the mapping keeps the file; no descriptor stays open
+        view = memoryview(mapping)
+        self._maps[path] = view
+        while len(self._maps) > self.max_open:
+            self._maps.popitem(last=False)
+        return view
+
+    def clear(self) -> None:
+        self._maps.clear()
+
+
+def finalizer(owner: Any, root: str) -> None:
+    """Remove the private directory ``root`` when ``owner`` is collected or the process exits."""
+    weakref.finalize(owner, remove_private_root, root, os.getpid())

@@ -1,0 +1,635 @@
+"""Where shards live: one interface over local files, S3, GCS and HTTP(S).
+
+Everything hydrax reads or writes about shards goes through a :class:`Store`: ``stat``, ranged and
+whole reads, streams, listings, writes and deletes, each raising hydrax's own
+:class:`~hydrax.errors.StoreError` kinds with the URL and byte offset. ``store_for(url, options)``
+picks the store for a URL.
+
+Remote stores use obstore (Rust's ``object_store``): requests run on its own threads without the
+GIL, many at once, and the same code serves ``s3://``, ``gs://`` and ``http(s)://``. It was chosen
+by measurement over boto3 with a thread pool and over fsspec/s3fs (see
+``docs/object-storage.rst``). Its threads do not survive a ``fork``: once a remote store has been
+used in a process, hydrax starts its workers from the fork server instead (see
+:func:`hydrax.workers.note_fork_hazard`); a worker makes its own store on first use.
+
+Reads may be pinned to an object *version* (the ETag an index was built from): a replaced
+object is then an :class:`~hydrax.errors.ObjectChangedError`, never another object's bytes.
+Transient failures (connection errors, resets, truncated bodies, 5xx, timeouts) are retried with
+backoff up to ``max_attempts`` times, then raised as
+:class:`~hydrax.errors.StoreUnavailableError` naming the object and offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import glob as globbing
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, AsyncIterator, Sequence
+
+from ..errors import (AccessDeniedError, ObjectChangedError, ObjectNotFoundError, StoreError,
+                      StoreUnavailableError)
+
+log = logging.getLogger(__name__)
+
+#: URL schemes served by an object store.
+REMOTE_SCHEMES = ("s3", "gs", "http", "https")
+_STREAM_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach an S3-compatible store; None means the standard AWS default for that setting."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    #: Attempts per request before a :class:`~hydrax.errors.StoreUnavailableError`.
+    max_attempts: int = 5
+    #: Seconds to wait for a connection, and for a whole response, per attempt.
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class GCSOptions:
+    """How to reach Google Cloud Storage (or an emulator at ``endpoint_url``).
+
+    Credentials come the standard Google way (``GOOGLE_APPLICATION_CREDENTIALS``, the metadata
+    server) unless ``service_account_path`` names a key file; ``anonymous`` sends unsigned
+    requests (public buckets, emulators).
+    """
+
+    endpoint_url: str | None = None
+    service_account_path: str | None = None
+    anonymous: bool = False
+    max_attempts: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class HTTPOptions:
+    """Plain HTTP(S) servers that honour ``Range`` requests (no listing: name shards explicitly)."""
+
+    max_attempts: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Settings for every kind of remote store; a URL's scheme picks the part that applies."""
+
+    s3: S3Options = field(default_factory=S3Options)
+    gcs: GCSOptions = field(default_factory=GCSOptions)
+    http: HTTPOptions = field(default_factory=HTTPOptions)
+
+    def for_scheme(self, scheme: str):
+        return self.s3 if scheme == "s3" else self.gcs if scheme == "gs" else self.http
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object (or file): its URL, size, version and modification time.
+
+    ``version`` is the ETag for remote objects and ``None`` for local files (which are tied to
+    their size and modification time instead).
+    """
+
+    url: str
+    size: int
+    version: str | None
+    mtime_ns: int
+
+
+def scheme_of(url: str) -> str:
+    """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, or ``"file"`` for local paths and ``file://`` URLs."""
+    head, sep, _ = url.partition("://")
+    return head.lower() if sep else "file"
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names an object in a remote store."""
+    return scheme_of(url) in REMOTE_SCHEMES
+
+
+def local_path(url: str) -> str:
+    """The path of a local ``url`` (``file://`` removed)."""
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+class Store:
+    """The operations hydrax needs from a place shards live; see the module docstring."""
+
+    scheme = "file"
+
+    def stat(self, url: str) -> ObjectInfo:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose URL starts with ``prefix``, sorted by URL."""
+        raise NotImplementedError
+
+    def glob(self, pattern: str) -> list[ObjectInfo]:
+        """Objects matching the shell pattern ``pattern`` (``*``, ``?``, ``[...]``), sorted."""
+        cut = min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))
+        return [info for info in self.list(pattern[:cut]) if fnmatch.fnmatchcase(info.url, pattern)]
+
+    def read(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
+        """``size`` bytes of ``url`` from ``offset`` (to the end when None), as a bytes-like object."""
+        raise NotImplementedError
+
+    def write(self, url: str, data) -> ObjectInfo:
+        """Store ``data`` (bytes-like) at ``url`` whole, atomically: readers never see part of it."""
+        raise NotImplementedError
+
+    def upload(self, url: str, path: str) -> ObjectInfo:
+        """Store the local file ``path`` at ``url``, atomically."""
+        with open(path, "rb") as f:
+            return self.write(url, f.read())
+
+    def delete(self, url: str) -> None:
+        raise NotImplementedError
+
+    # The asynchronous forms serve read-ahead and set-up, which keep many requests in flight.
+    async def stat_async(self, url: str) -> ObjectInfo:
+        return await asyncio.to_thread(self.stat, url)
+
+    async def read_async(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
+        return await asyncio.to_thread(self.read, url, offset, size, version=version)
+
+    async def stream_async(self, url: str, offset: int, end: int, *, version: str | None = None) -> AsyncIterator[Any]:
+        """The bytes ``[offset, end)`` of ``url`` in pieces, as they arrive."""
+        yield await self.read_async(url, offset, end - offset, version=version)
+
+
+class LocalStore(Store):
+    """Files on a local (or network-mounted) file system."""
+
+    scheme = "file"
+
+    def stat(self, url: str) -> ObjectInfo:
+        path = local_path(url)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"shard {url!r} does not exist (check the path or pattern)", url=url) from None
+        except PermissionError as exc:
+            raise AccessDeniedError(f"shard {url!r}: {exc.strerror}", url=url) from exc
+        return ObjectInfo(url, st.st_size, None, st.st_mtime_ns)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        return self.glob(globbing.escape(local_path(prefix)) + "*")
+
+    def glob(self, pattern: str) -> list[ObjectInfo]:
+        found = []
+        for path in sorted(globbing.glob(local_path(pattern))):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not os.path.isdir(path):
+                found.append(ObjectInfo(path, st.st_size, None, st.st_mtime_ns))
+        return found
+
+    def read(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
+        path = local_path(url)
+        try:
+            with open(path, "rb") as f:
+                if size is None:
+                    f.seek(offset)
+                    return f.read()
+                data = os.pread(f.fileno(), size, offset)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"shard {url!r} does not exist", url=url, offset=offset) from None
+        except OSError as exc:
+            raise StoreError(f"shard {url!r} at byte offset {offset}: {exc}", url=url, offset=offset) from exc
+        if len(data) != size:
+            raise ObjectChangedError(f"shard {url!r}: asked for {size} bytes at byte offset {offset}, the file has "
+                                     f"{len(data)} there (it changed since it was indexed)", url=url, offset=offset)
+        return data
+
+    def write(self, url: str, data) -> ObjectInfo:
+        path = local_path(url)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, temporary = tempfile.mkstemp(prefix=".hydrax-", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+        return self.stat(path)
+
+    def delete(self, url: str) -> None:
+        try:
+            os.unlink(local_path(url))
+        except FileNotFoundError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Remote stores through obstore
+
+
+_PERMISSION = {"read": ("s3:GetObject", "storage.objects.get"), "list": ("s3:ListBucket", "storage.objects.list"),
+               "write": ("s3:PutObject", "storage.objects.create"), "delete": ("s3:DeleteObject", "storage.objects.delete")}
+_CODE = re.compile(r"<Code>\s*([A-Za-z]+)\s*</Code>|\"reason\"\s*:\s*\"([A-Za-z]+)\"")
+_CONNECT = re.compile(r"error sending request|[Cc]onnection refused|tcp connect error|dns error")
+_REFUSED_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AuthenticationRequired")
+
+
+def _split(url: str, need_key: bool = True) -> tuple[str, str, str]:
+    """(scheme, container, key): the bucket for s3/gs, ``scheme://host`` for http(s)."""
+    scheme = scheme_of(url)
+    rest = url.split("://", 1)[1]
+    container, _, key = rest.partition("/")
+    if not container or (need_key and not key):
+        raise ValueError(f"shard URL {url!r} must look like {scheme}://{'bucket' if scheme in ('s3', 'gs') else 'host'}/key")
+    return scheme, container, key
+
+
+def _seconds(value: float) -> timedelta:
+    return timedelta(seconds=float(value))
+
+
+class ObjectStore(Store):
+    """An S3 bucket, a GCS bucket or an HTTP(S) server, through obstore.
+
+    The obstore client is made on first use in each process (a client never crosses a fork).
+    """
+
+    def __init__(self, scheme: str, container: str, options: StoreOptions) -> None:
+        self.scheme = scheme
+        self.container = container
+        self.options = options.for_scheme(scheme)
+        self._client: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"scheme": self.scheme, "container": self.container, "options": self.options}
+
+    def __setstate__(self, state):
+        self.__init__(state["scheme"], state["container"], StoreOptions())
+        self.options = state["options"]
+
+    @property
+    def _prefix(self) -> str:
+        return f"{self.scheme}://{self.container}/"
+
+    def client(self):
+        """This process's obstore client."""
+        if self._pid == os.getpid():
+            return self._client
+        with self._lock:
+            if self._pid != os.getpid():
+                self._client = self._make_client()
+                self._pid = os.getpid()
+                from ..workers import note_fork_hazard
+
+                note_fork_hazard("obstore's request threads (used for remote shards)")
+        return self._client
+
+    def _make_client(self):
+        try:
+            from obstore.store import GCSStore, HTTPStore, S3Store
+        except ImportError as exc:  # pragma: no cover - obstore is a dependency
+            raise ImportError("remote shards need obstore: pip install obstore") from exc
+        o = self.options
+        client_options: dict[str, Any] = {"connect_timeout": _seconds(o.connect_timeout), "timeout": _seconds(o.read_timeout),
+                                          "pool_max_idle_per_host": "64"}
+        # obstore retries connection errors and 5xx itself; this class retries the rest (bodies cut
+        # short, resets mid-stream) around it, so keep its own retries few and quick.
+        retry = {"max_retries": 2, "retry_timeout": _seconds(min(30.0, o.read_timeout)),
+                 "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1), "base": 2}}
+        if self.scheme == "s3":
+            config: dict[str, Any] = {}
+            if o.endpoint_url:
+                config["endpoint"] = o.endpoint_url
+                client_options["allow_http"] = o.endpoint_url.startswith("http://")
+            region = o.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            if region:
+                config["region"] = region
+            if o.access_key_id:
+                config["access_key_id"] = o.access_key_id
+                config["secret_access_key"] = o.secret_access_key or ""
+                if o.session_token:
+                    config["session_token"] = o.session_token
+            return S3Store(self.container, client_options=client_options, retry_config=retry, **config)
+        if self.scheme == "gs":
+            config = {}
+            if o.endpoint_url:
+                config["base_url"] = o.endpoint_url.rstrip("/")
+                client_options["allow_http"] = o.endpoint_url.startswith("http://")
+            if o.service_account_path:
+                config["service_account"] = o.service_account_path
+            if o.anonymous:
+                config["skip_signature"] = True
+            return GCSStore(self.container, client_options=client_options, retry_config=retry, **config)
+        client_options["allow_http"] = self.scheme == "http"
+        return HTTPStore.from_url(f"{self.scheme}://{self.container}", client_options=client_options, retry_config=retry)
+
+    def _key(self, url: str) -> str:
+        scheme, container, key = _split(url)
+        if (scheme, container) != (self.scheme, self.container):
+            raise ValueError(f"{url!r} is not in {self._prefix}")
+        return key
+
+    # -- errors ------------------------------------------------------------------------------
+    def explain(self, url: str, exc: BaseException, action: str = "read", offset: int | None = None,
+                version: str | None = None) -> StoreError:
+        """hydrax's error for ``exc``, raised by obstore while doing ``action`` on ``url``."""
+        from obstore import exceptions as ox
+
+        if isinstance(exc, StoreError):
+            return exc
+        where = "" if offset is None else f" at byte offset {offset}"
+        text = str(exc)
+        match = _CODE.search(text)
+        code = next((g for g in match.groups() if g), "") if match else ""
+        permission = _PERMISSION[action][self.scheme == "gs"] if self.scheme in ("s3", "gs") else "read access"
+        if isinstance(exc, (FileNotFoundError, ox.NotFoundError)) or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
+            if code == "NoSuchBucket":
+                return ObjectNotFoundError(f"{url}: the bucket {self.container!r} does not exist (NoSuchBucket)", url=url, offset=offset)
+            return ObjectNotFoundError(f"shard {url!r} does not exist{f' ({code})' if code else ''}; check the bucket and key",
+                                       url=url, offset=offset)
+        if isinstance(exc, ox.PreconditionError) or code == "PreconditionFailed":
+            return ObjectChangedError(
+                f"shard {url!r}{where}: the object was replaced after it was indexed (it is no longer version {version}); "
+                "rebuild its index (hydrax shards index --force) and restart", url=url, offset=offset)
+        if code in _REFUSED_CODES or isinstance(exc, ox.UnauthenticatedError):
+            return AccessDeniedError(f"shard {url!r}{where}: the store refused the credentials ({code or 'unauthenticated'}); "
+                                     "check the access key, secret and session token", url=url, offset=offset)
+        if isinstance(exc, ox.PermissionDeniedError) or code in ("AccessDenied", "Forbidden") or " 403 " in text:
+            return AccessDeniedError(f"shard {url!r}{where}: access denied ({code or 'AccessDenied'}); the credentials need "
+                                     f"{permission} on it (check the IAM and bucket policies)", url=url, offset=offset)
+        if _CONNECT.search(text):
+            endpoint = getattr(self.options, "endpoint_url", None) or {"s3": "(the AWS default)", "gs": "(the Google default)"}.get(
+                self.scheme, f"{self.scheme}://{self.container}")
+            kind = {"s3": "S3 endpoint", "gs": "GCS endpoint"}.get(self.scheme, "server")
+            what = f"listing {url!r}" if action == "list" else f"shard {url!r}{where}"
+            return StoreUnavailableError(f"{what}: cannot reach the {kind} {endpoint}: {_short(text)}; the request failed "
+                                         f"after retries ({self._attempts()} attempts)", url=url, offset=offset)
+        what = f"listing {url!r}" if action == "list" else f"shard {url!r}{where}"
+        return StoreUnavailableError(f"{what}: the request failed after retries: {_short(text)}", url=url, offset=offset)
+
+    def _attempts(self):
+        return max(1, int(self.options.max_attempts))
+
+    def _retry(self, url: str, action: str, offset: int | None, version: str | None, call):
+        attempts = self._attempts()
+        for attempt in range(attempts):
+            try:
+                return call()
+            except Exception as exc:
+                error = self.explain(url, exc, action, offset, version)
+                if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
+                    raise error from exc
+                log.debug("retrying %s of %s (attempt %d): %s", action, url, attempt + 2, exc)
+                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    async def _retry_async(self, url: str, action: str, offset: int | None, version: str | None, call):
+        attempts = self._attempts()
+        for attempt in range(attempts):
+            try:
+                return await call()
+            except Exception as exc:
+                error = self.explain(url, exc, action, offset, version)
+                if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
+                    raise error from exc
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    # -- operations --------------------------------------------------------------------------
+    def _info(self, meta: dict) -> ObjectInfo:
+        modified = meta.get("last_modified")
+        return ObjectInfo(self._prefix + meta["path"], int(meta["size"]), meta.get("e_tag"),
+                          int(modified.timestamp() * 1e9) if modified is not None else 0)
+
+    def stat(self, url: str) -> ObjectInfo:
+        import obstore
+
+        key = self._key(url)
+        return self._retry(url, "read", None, None, lambda: self._info(obstore.head(self.client(), key)))
+
+    async def stat_async(self, url: str) -> ObjectInfo:
+        import obstore
+
+        key = self._key(url)
+        return await self._retry_async(url, "read", None, None, lambda: self._head_async(obstore, key))
+
+    async def _head_async(self, obstore, key):
+        return self._info(await obstore.head_async(self.client(), key))
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        import obstore
+
+        if self.scheme not in ("s3", "gs"):
+            raise StoreError(f"{prefix}: {self.scheme}:// servers cannot be listed; name the shards (brace ranges work)", url=prefix)
+        key_prefix = prefix[len(self._prefix):] if prefix.startswith(self._prefix) else ""
+        # obstore lists by path segments: list the folder, then keep the names that match.
+        folder = key_prefix.rpartition("/")[0]
+
+        def run():
+            found = []
+            for batch in obstore.list(self.client(), prefix=folder or None, chunk_size=1000):
+                found += [self._info(meta) for meta in batch if meta["path"].startswith(key_prefix)]
+            return found
+
+        return sorted(self._retry(prefix, "list", None, None, run), key=lambda info: info.url)
+
+    def _get_options(self, offset: int, size: int | None, version: str | None) -> dict:
+        options: dict[str, Any] = {}
+        if size is not None:
+            options["range"] = (offset, offset + size)
+        elif offset:
+            options["range"] = {"offset": offset}
+        if version is not None:
+            options["if_match"] = version
+        return options
+
+    def read(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
+        import obstore
+
+        if size == 0:
+            return b""
+        key = self._key(url)
+        options = self._get_options(offset, size, version)
+
+        def run():
+            data = obstore.get(self.client(), key, options=options).bytes()
+            _check_length(url, data, offset, size)
+            return data
+
+        return self._retry(url, "read", offset if size is not None or offset else None, version, run)
+
+    async def read_async(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
+        import obstore
+
+        if size == 0:
+            return b""
+        key = self._key(url)
+        options = self._get_options(offset, size, version)
+
+        async def run():
+            result = await obstore.get_async(self.client(), key, options=options)
+            data = await result.bytes_async()
+            _check_length(url, data, offset, size)
+            return data
+
+        return await self._retry_async(url, "read", offset if size is not None or offset else None, version, run)
+
+    async def stream_async(self, url: str, offset: int, end: int, *, version: str | None = None) -> AsyncIterator[Any]:
+        """The bytes ``[offset, end)`` of ``url`` in pieces of a few MiB, as they arrive.
+
+        A stream cut short is resumed from where it stopped (one more request), up to
+        ``max_attempts`` times in all.
+        """
+        import obstore
+
+        key = self._key(url)
+        position = offset
+        failures = 0
+        while position < end:
+            try:
+                result = await obstore.get_async(self.client(), key, options=self._get_options(position, end - position, version))
+                async for piece in result.stream(min_chunk_size=_STREAM_CHUNK):
+                    if len(piece) > end - position:
+                        raise StoreUnavailableError(f"shard {url!r}: the server sent more bytes than asked for", url=url, offset=position)
+                    position += len(piece)
+                    yield piece
+                if position < end:
+                    raise ConnectionError(f"the response ended after {position - offset} of {end - offset} bytes")
+            except Exception as exc:
+                error = self.explain(url, exc, "read", position, version)
+                failures += 1
+                if not isinstance(error, StoreUnavailableError) or failures >= self._attempts():
+                    raise error from exc
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** failures))
+
+    def write(self, url: str, data) -> ObjectInfo:
+        import obstore
+
+        key = self._key(url)
+        self._retry(url, "write", None, None, lambda: obstore.put(self.client(), key, data))
+        return self.stat(url)
+
+    def upload(self, url: str, path: str) -> ObjectInfo:
+        import obstore
+
+        key = self._key(url)
+
+        def run():
+            with open(path, "rb") as f:
+                obstore.put(self.client(), key, f, chunk_size=8 << 20)
+
+        self._retry(url, "write", None, None, run)
+        return self.stat(url)
+
+    def delete(self, url: str) -> None:
+        import obstore
+
+        key = self._key(url)
+        try:
+            self._retry(url, "delete", None, None, lambda: obstore.delete(self.client(), key))
+        except ObjectNotFoundError:
+            pass
+
+
+def _check_length(url: str, data, offset: int, size: int | None) -> None:
+    if size is not None and len(data) != size:
+        # A body cut short by the network, or an object shorter than its index says: retried first.
+        raise StoreUnavailableError(f"shard {url!r}: asked for {size} bytes at byte offset {offset}, got {len(data)}",
+                                    url=url, offset=offset)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    # obstore appends a long debug rendering of its error chain: keep the readable part.
+    text = " ".join(text.split("Debug source:", 1)[0].split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def as_store_options(options: StoreOptions | S3Options | GCSOptions | HTTPOptions | None) -> StoreOptions:
+    """``options`` as :class:`StoreOptions` (one scheme's options stand for that scheme)."""
+    if options is None:
+        return StoreOptions()
+    if isinstance(options, S3Options):
+        return StoreOptions(s3=options)
+    if isinstance(options, GCSOptions):
+        return StoreOptions(gcs=options)
+    if isinstance(options, HTTPOptions):
+        return StoreOptions(http=options)
+    return options
+
+
+_stores: dict[tuple, Store] = {}
+_LOCAL = LocalStore()
+
+
+def store_for(url: str, options: StoreOptions | None = None) -> Store:
+    """The store that holds ``url`` (one per bucket or server and options, shared in the process)."""
+    scheme = scheme_of(url)
+    if scheme == "file":
+        return _LOCAL
+    if scheme not in REMOTE_SCHEMES:
+        raise StoreError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
+                         url=url)
+    options = as_store_options(options)
+    _, container, _ = _split(url, need_key=False)
+    key = (scheme, container, options.for_scheme(scheme))
+    store = _stores.get(key)
+    if store is None:
+        store = _stores[key] = ObjectStore(scheme, container, options)
+    return store
+
+
+def run_async(coroutine):
+    """Run ``coroutine`` to completion from synchronous code (in a fresh thread when this thread
+    already runs an event loop, as in a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: list = []
+
+    def target():
+        result.append(asyncio.run(coroutine))
+
+    thread = threading.Thread(target=target, name="hydrax-async")
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+async def gather_limited(calls: Sequence, limit: int = 64) -> list:
+    """Await the zero-argument coroutine functions ``calls`` with at most ``limit`` running at once;
+    results in order. The first failure cancels the rest and is raised."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(call):
+        async with semaphore:
+            return await call()
+
+    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+

@@ -1,0 +1,290 @@
+"""Remote shards at scale: set-up from index objects and manifests, version pinning, retries,
+read-ahead through a Dataloader, and multi-host shares, against moto's S3 server behind
+tools/netproxy.py on 127.0.0.1 (which counts requests and injects faults)."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hydrax import Dataloader, DataGroup
+from hydrax.errors import ObjectChangedError, ObjectNotFoundError, StoreUnavailableError
+from hydrax.shards import S3Options, ShardSet, ShardWriter
+from hydrax.shards.catalog import publish_indexes, read_manifest, resolve, write_manifest
+from hydrax.shards.readahead import ReadAhead
+from hydrax.shards.store import StoreOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from netproxy import Proxy  # noqa: E402
+
+KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+SAMPLE_BYTES = 3000
+
+
+@pytest.fixture
+def proxied(s3_store):
+    """(S3Options through a proxy with no delay, the proxy, a boto3 client straight to the server)."""
+    endpoint, client = s3_store
+    port = int(endpoint.rsplit(":", 1)[1])
+    with Proxy("127.0.0.1", port, delay=0.0) as proxy:
+        yield S3Options(endpoint_url=proxy.url, max_attempts=3, read_timeout=5, **KEYS), proxy, client
+
+
+def write_shards(tmp_path, client, count=6, per_shard=20, prefix="shards", indexes=True, options=None):
+    """Upload ``count`` shards of ``per_shard`` samples (fields cls, bin); with index objects."""
+    with ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=per_shard, index=False) as writer:
+        for i in range(count * per_shard):
+            payload = np.full(SAMPLE_BYTES // 4, i, np.int32).tobytes()
+            writer.write({"__key__": f"k{i:05d}", "cls": str(i), "bin": payload})
+    for path in writer.paths:
+        client.upload_file(path, "data", f"{prefix}/{os.path.basename(path)}")
+    urls = [f"s3://data/{prefix}/{os.path.basename(p)}" for p in writer.paths]
+    if indexes:
+        publish_indexes(urls, StoreOptions(s3=options))
+    return urls
+
+
+def load_sample(sample, arrays, seed):
+    arrays["cls"][...] = int(bytes(sample["cls"]))
+    arrays["bin"][:] = np.frombuffer(sample["bin"], np.int32)[:4]
+
+
+ARRAYS = {"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)}
+
+
+def run_epochs(dataset, *, batch=10, loaders=2, start=(0, 0), end=("epoch", 1), **group):
+    seen = []
+    groups = DataGroup(batch, dataset, loader_arrays=ARRAYS, **group)
+    with Dataloader(load_sample, groups, loader_count=loaders, start_at=start, end_at=end, timeout_sec=60) as loader:
+        for batch_ in loader:
+            cls = np.asarray(batch_.arrays["cls"]).tolist()
+            assert (np.asarray(batch_.arrays["bin"]) == np.array(cls)[:, None]).all()
+            seen.append((batch_.batch_num, list(batch_.indices), cls))
+            del batch_
+    return seen
+
+
+def test_setup_reads_index_objects_not_the_data(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, options=options)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"]]
+    assert sorted(k for k in keys if k.endswith(".hidx")) == sorted(u[len("s3://data/"):] + ".hidx" for u in urls)
+    proxy.clear()
+    dataset = ShardSet("s3://data/shards/w-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert len(dataset) == 120 and dataset.shard_sizes() == [20] * 6
+    methods = proxy.stats()["methods"]
+    assert methods.get("HEAD", 0) == 0  # sizes and ETags come from the listing
+    shard_gets = proxy.requests_matching(r"\.tar$", method="GET")
+    assert shard_gets == []  # no shard was read to set up
+    assert len(proxy.requests_matching(r"\.hidx$", method="GET")) == 6
+    # Again, from the cache: one listing, nothing else.
+    proxy.clear()
+    again = ShardSet("s3://data/shards/w-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert proxy.requests_matching(r"\.hidx$", method="GET") == [] and again.shard_sizes() == dataset.shard_sizes()
+    assert [bytes(s["cls"]) for s in again] == [str(i).encode() for i in range(120)]
+
+
+def test_missing_index_objects_are_built_concurrently_and_cached(proxied, tmp_path):
+    options, proxy, client = proxied
+    write_shards(tmp_path, client, count=4, indexes=False)
+    proxy.clear()
+    dataset = ShardSet("s3://data/shards/w-{000..003}.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert len(dataset) == 80
+    assert len(proxy.requests_matching(r"\.tar$", method="GET")) == 4  # one whole read each
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"]]
+    assert not any(k.endswith(".hidx") for k in keys)  # ShardSet never writes into the bucket
+    proxy.clear()
+    ShardSet("s3://data/shards/w-{000..003}.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert proxy.requests_matching(r"\.tar$", method="GET") == []
+
+
+def test_a_manifest_sets_up_with_one_request(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, options=options)
+    entries = resolve(urls, StoreOptions(s3=options), str(tmp_path / "c0"), True)
+    write_manifest(entries, "s3://data/shards/train.json", StoreOptions(s3=options))
+    listed = read_manifest("s3://data/shards/train.json", StoreOptions(s3=options))
+    assert [(e.url, e.samples, e.size, e.version) for e in listed] == [(e.url, e.samples, e.size, e.version) for e in entries]
+    proxy.clear()
+    dataset = ShardSet("s3://data/shards/train.json", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert len(dataset) == 120 and proxy.stats()["requests"] == 1
+    assert [int(bytes(dataset[i]["cls"])) for i in (0, 59, 119)] == [0, 59, 119]  # indexes load on first use
+
+
+def test_reads_are_pinned_to_the_indexed_version(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=2, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    assert int(bytes(dataset[3]["cls"])) == 3
+    # Replace shard 0 with another of the same size (shard 1's bytes): never read as shard 0.
+    body = client.get_object(Bucket="data", Key=urls[1][len("s3://data/"):])["Body"].read()
+    client.put_object(Bucket="data", Key=urls[0][len("s3://data/"):], Body=body)
+    with pytest.raises(ObjectChangedError, match=r"shard 's3://data/shards/w-000.tar' at byte offset \d+: the object was replaced") as info:
+        dataset[5]["cls"]
+    assert info.value.url == urls[0] and info.value.offset > 0
+
+
+def test_network_failures_are_retried_then_named(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=1, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    proxy.truncate_next(1, after_bytes=100, method="GET", ranged=True)
+    assert int(bytes(dataset[1]["cls"])) == 1  # a body cut short is read again
+    proxy.reset_next(1, method="GET", ranged=True)
+    assert int(bytes(dataset[2]["cls"])) == 2  # so is a connection closed on it
+    proxy.truncate_next(100, after_bytes=10, method="GET", ranged=True)
+    with pytest.raises(StoreUnavailableError, match=r"shard 's3://data/shards/w-000.tar' at byte offset \d+: the request failed after retries") as info:
+        dataset[3]["cls"]
+    assert info.value.url == urls[0]
+    proxy.disarm()
+
+
+def test_readahead_streams_whole_shards_in_shardwise_order(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    seen = run_epochs(dataset, shuffle_later="shardwise", shard_window=2)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(120))
+    gets = proxy.requests_matching(r"\.tar$", method="GET")
+    total = sum(e.size for e in map(dataset.shard_entry, range(6)))
+    # Whole shards streamed: one request per shard, plus a few samples the first batches needed
+    # before their stream began; about the dataset's bytes.
+    streams = [r for r in gets if r.body_bytes > 50_000]
+    assert len(streams) == 6 and len(gets) <= 6 + 20, [r.range for r in gets]
+    assert proxy.stats()["body_bytes_down"] <= 1.3 * total
+    assert dataset.readahead_stats["bytes"] > 0.8 * total
+
+
+def test_readahead_coalesces_ranged_reads_in_random_order_and_resumes_exactly(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=3, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    full = run_epochs(dataset, end=("epoch", 2), shuffle_first=True, shuffle_later="itemwise")
+    assert sorted(c for _, _, cls in full[:6] for c in cls) == list(range(60))
+    gets = proxy.requests_matching(r"\.tar$", method="GET")
+    assert len(gets) < 120  # coalesced or read ahead, far fewer than a request per sample
+    resumed = run_epochs(dataset, start=(1, 2), end=("epoch", 2), shuffle_first=True, shuffle_later="itemwise")
+    assert resumed == full[8:]
+
+
+def test_a_store_that_dies_mid_epoch_ends_the_run_with_an_error(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=4, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    group = DataGroup(5, dataset, loader_arrays=ARRAYS)
+    started = time.monotonic()
+    delivered = 0
+    with pytest.raises(StoreUnavailableError, match=r"shard 's3://data/shards/w-00\d.tar' at byte offset \d+"):
+        with Dataloader(load_sample, group, loader_count=2, depth=2, end_at=("epoch", 1), timeout_sec=60) as loader:
+            for batch in loader:
+                delivered += 1
+                del batch
+                if delivered == 2:
+                    proxy.down("refuse")
+    proxy.up()
+    assert delivered < 16 and time.monotonic() - started < 45
+
+
+def test_a_replaced_object_ends_the_run_naming_it(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=2, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    body = client.get_object(Bucket="data", Key=urls[1][len("s3://data/"):])["Body"].read()
+    client.put_object(Bucket="data", Key=urls[0][len("s3://data/"):], Body=body)
+    with pytest.raises(ObjectChangedError, match="w-000.tar"):
+        run_epochs(dataset)
+
+
+def test_a_missing_shard_is_named(proxied, tmp_path):
+    options, proxy, client = proxied
+    write_shards(tmp_path, client, count=1, options=options)
+    with pytest.raises(ObjectNotFoundError, match=r"shard 's3://data/shards/none.tar' does not exist"):
+        ShardSet(["s3://data/shards/w-000.tar", "s3://data/shards/none.tar"], s3=options, cache_dir=str(tmp_path / "c"))
+
+
+def test_hosts_with_partitions_read_disjoint_shards(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=8, per_shard=10, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    group = dict(shuffle_later="shardwise", shard_window=2, shard_partitions=2)
+    whole = run_epochs(dataset, batch=8, **group)
+    per_host = []
+    shares = []
+    for host in range(2):
+        proxy.clear()
+        part = []
+        groups = DataGroup(8, dataset, loader_arrays=ARRAYS, **group)
+        with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), process_index=host, process_count=2) as loader:
+            for b in loader:
+                part.append(np.asarray(b.arrays["cls"]).tolist())
+                del b
+        shares.append(part)
+        per_host.append({r.path.rsplit("/", 1)[1] for r in proxy.requests_matching(r"\.tar$", method="GET")})
+        dataset.close()
+    assert [a + b for a, b in zip(*shares)] == [cls for _, _, cls in whole]
+    assert len(per_host[0] & per_host[1]) <= 2  # only shards of spilled items are shared
+    assert len(per_host[0]) <= 6 and len(per_host[1]) <= 6
+
+
+LOW_LIMIT_SCRIPT = """
+import resource, sys
+import numpy as np, jax.numpy as jnp
+from hydrax import Dataloader, DataGroup
+from hydrax.shards import ShardSet
+
+def load(sample, arrays, seed):
+    arrays["cls"][...] = int(bytes(sample["cls"]))
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    dataset = ShardSet(sys.argv[1] + "/s-*.tar")
+    group = DataGroup(50, dataset, loader_arrays={"cls": ((), np.int32, jnp.int32)}, shuffle_first=True)
+    seen = []
+    with Dataloader(load, group, loader_count=2, end_at=("epoch", 1)) as loader:
+        for batch in loader:
+            seen += np.asarray(batch.arrays["cls"]).tolist()
+            del batch
+    print("SAMPLES", len(dataset), len(seen), sorted(seen) == list(range(len(dataset))))
+"""
+
+
+def test_ten_thousand_local_shards_under_ulimit_1024(tmp_path):
+    """Shard mappings are an LRU per process: 10,000 shards load every sample, in random order,
+    through worker processes, with 1,024 file descriptors."""
+    import subprocess
+
+    count = 10_000
+    with ShardWriter(str(tmp_path / "s-%05d.tar"), maxcount=1) as writer:
+        for i in range(count):
+            writer.write({"__key__": f"k{i:05d}", "cls": str(i)})
+    script = tmp_path / "low_limit.py"
+    script.write_text(LOW_LIMIT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"SAMPLES {count} {count} True" in out.stdout
+
+
+def test_http_shards_read_like_local_ones_and_are_pinned(http_store, tmp_path):
+    base, folder = http_store
+    with ShardWriter(str(folder / "h-%02d.tar"), maxcount=7) as writer:
+        for i in range(20):
+            writer.write({"__key__": f"k{i:03d}", "cls": str(i), "bin": np.full(4, i, np.int32).tobytes()})
+    local = ShardSet(str(folder / "h-*.tar"))
+    remote = ShardSet(f"{base}/h-{{00..02}}.tar", cache_dir=str(tmp_path / "cache"))
+    assert remote.shard_sizes() == local.shard_sizes() == [7, 7, 6]
+    assert [{f: bytes(s[f]) for f in s} for s in remote] == [{f: bytes(s[f]) for f in s} for s in local]
+    seen = run_epochs(remote, batch=5, shuffle_later="shardwise")
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(20))
+    pinned = ShardSet(f"{base}/h-{{00..02}}.tar", cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    time.sleep(0.01)
+    (folder / "h-01.tar").write_bytes((folder / "h-01.tar").read_bytes())  # same bytes, a new version
+    with pytest.raises(ObjectChangedError, match="h-01.tar"):
+        pinned[9]["cls"]
+    fresh = ShardSet(f"{base}/h-{{00..02}}.tar", cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    assert int(bytes(fresh[9]["cls"])) == 9
