@@ -280,8 +280,11 @@ class Pipeline:
         return True
 
     def _look_ahead(self) -> None:
-        while self._announcing and len(self._ahead) < self._lookahead and self._peek():
-            pass
+        # Top up in bursts of about a quarter of the look-ahead, so read-ahead can coalesce the
+        # samples of many batches into one request.
+        if self._announcing and len(self._ahead) <= self._lookahead - max(1, self._lookahead // 4):
+            while len(self._ahead) < self._lookahead and self._peek():
+                pass
 
     def _start_announcing(self) -> None:
         if not self._prefetchers:

@@ -256,3 +256,34 @@ def test_index_with_workers_writes_what_one_process_writes_and_names_a_damaged_s
         assert (folders[1] / name).read_bytes() == (folders[2] / name).read_bytes()
     again = hydrax("shards", "index", "-j", "2", "-q", str(folders[2] / "t-0[013].tar"))
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
+
+
+def test_index_writes_index_objects_and_a_manifest_into_the_bucket(server, dataset, tmp_path):
+    from hydrax.shards import S3Options, ShardIndex, ShardSet
+
+    endpoint, client = server
+    paths, samples = dataset
+    for path in paths:
+        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
+    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
+    result = hydrax("shards", "index", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar",
+                    "--manifest", "s3://data/shards/train.json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"indexed 3 shards \(20 samples\) in [\d.]+ s: an index object beside each; manifest s3://data/shards/train.json",
+                     result.stdout), result.stdout
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"])
+    assert keys == sorted([f"shards/{os.path.basename(p)}{s}" for p in paths for s in ("", ".hidx")]
+                          + ["shards/train.json", "shards/hydrax-index.json"])
+    head = client.head_object(Bucket="data", Key="shards/train-00.tar")
+    index = ShardIndex.from_bytes(client.get_object(Bucket="data", Key="shards/train-00.tar.hidx")["Body"].read())
+    assert (index.etag, index.shard_size) == (head["ETag"], head["ContentLength"])
+    manifest = json.loads(client.get_object(Bucket="data", Key="shards/train.json")["Body"].read())
+    assert manifest["__kind__"] == "wids-shard-index-v1"
+    assert [(e["url"], e["nsamples"], e["filesize"]) for e in manifest["shardlist"]] == [
+        (os.path.basename(p), n, os.path.getsize(p)) for p, n in zip(paths, [8, 8, 4])]
+    options = S3Options(endpoint_url=endpoint, access_key_id="testing", secret_access_key="testing", region="us-east-1")
+    from_manifest = ShardSet("s3://data/shards/train.json", s3=options, cache_dir=str(tmp_path / "c2"))
+    local = ShardSet(paths)
+    assert [(s.key, bytes(s["png"])) for s in from_manifest] == [(s.key, bytes(s["png"])) for s in local]
+    again = hydrax("shards", "index", "-q", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
+    assert again.returncode == 0 and again.stdout == ""

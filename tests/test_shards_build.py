@@ -220,7 +220,10 @@ def test_s3_output_uploads_shards_with_index_objects_and_refuses_to_overwrite(fo
     assert result.returncode == 0, result.stderr
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"])
     # each shard with its index object, so ShardSet sets up without reading the shards
-    assert keys == ["sets/train-0000.tar", "sets/train-0000.tar.hidx", "sets/train-0001.tar", "sets/train-0001.tar.hidx"]
+    assert keys == ["sets/hydrax-index.json", "sets/train-0000.tar", "sets/train-0000.tar.hidx", "sets/train-0001.tar",
+                    "sets/train-0001.tar.hidx"]
+    summary = json.loads(client.get_object(Bucket="data", Key="sets/hydrax-index.json")["Body"].read())
+    assert [(e["url"], e["nsamples"]) for e in summary["shardlist"]] == [("train-0000.tar", 4), ("train-0001.tar", 2)]
     etag = client.head_object(Bucket="data", Key="sets/train-0001.tar")["ETag"]
     index = ShardIndex.from_bytes(client.get_object(Bucket="data", Key="sets/train-0001.tar.hidx")["Body"].read())
     assert index.etag == etag and len(index) == 2

@@ -80,12 +80,25 @@ def test_setup_reads_index_objects_not_the_data(proxied, tmp_path):
     assert methods.get("HEAD", 0) == 0  # sizes and ETags come from the listing
     shard_gets = proxy.requests_matching(r"\.tar$", method="GET")
     assert shard_gets == []  # no shard was read to set up
-    assert len(proxy.requests_matching(r"\.hidx$", method="GET")) == 6
+    assert proxy.requests_matching(r"\.hidx$", method="GET") == []  # counts from the folder summary
+    assert len(proxy.requests_matching(r"hydrax-index.json$", method="GET")) == 1
     # Again, from the cache: one listing, nothing else.
     proxy.clear()
     again = ShardSet("s3://data/shards/w-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
     assert proxy.requests_matching(r"\.hidx$", method="GET") == [] and again.shard_sizes() == dataset.shard_sizes()
     assert [bytes(s["cls"]) for s in again] == [str(i).encode() for i in range(120)]
+
+
+def test_without_a_folder_summary_index_objects_are_read_concurrently(proxied, tmp_path):
+    options, proxy, client = proxied
+    write_shards(tmp_path, client, options=options)
+    client.delete_object(Bucket="data", Key="shards/hydrax-index.json")
+    proxy.clear()
+    dataset = ShardSet("s3://data/shards/w-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert len(dataset) == 120 and proxy.stats()["methods"].get("HEAD", 0) == 0
+    assert len(proxy.requests_matching(r"\.hidx$", method="GET")) == 6
+    assert proxy.requests_matching(r"\.tar$", method="GET") == []
+    assert [int(bytes(s["cls"])) for s in dataset] == list(range(120))
 
 
 def test_missing_index_objects_are_built_concurrently_and_cached(proxied, tmp_path):
@@ -160,17 +173,25 @@ def test_readahead_streams_whole_shards_in_shardwise_order(proxied, tmp_path):
     assert dataset.readahead_stats["bytes"] > 0.8 * total
 
 
-def test_readahead_coalesces_ranged_reads_in_random_order_and_resumes_exactly(proxied, tmp_path):
+def test_random_order_reads_ahead_with_coalesced_ranges_or_whole_shards_and_resumes_exactly(proxied, tmp_path):
     options, proxy, client = proxied
-    urls = write_shards(tmp_path, client, count=3, options=options)
-    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    urls = write_shards(tmp_path, client, count=12, options=options)
+    shuffled = dict(shuffle_first=True, shuffle_later="itemwise")
+    # A read-ahead budget of a few batches: samples come in ranged requests, neighbours coalesced.
+    small = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(max_bytes=256 << 10))
     proxy.clear()
-    full = run_epochs(dataset, end=("epoch", 2), shuffle_first=True, shuffle_later="itemwise")
-    assert sorted(c for _, _, cls in full[:6] for c in cls) == list(range(60))
+    full = run_epochs(small, end=("epoch", 2), **shuffled)
+    assert sorted(c for _, _, cls in full[:24] for c in cls) == list(range(240))
     gets = proxy.requests_matching(r"\.tar$", method="GET")
-    assert len(gets) < 120  # coalesced or read ahead, far fewer than a request per sample
-    resumed = run_epochs(dataset, start=(1, 2), end=("epoch", 2), shuffle_first=True, shuffle_later="itemwise")
-    assert resumed == full[8:]
+    assert len(gets) < 0.75 * 480, len(gets)  # fewer requests than samples read (2 epochs of 240)
+    assert small.readahead_stats["bytes"] > 0
+    # The default budget holds the whole look-ahead: most of every shard is wanted, so it is streamed.
+    large = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    assert run_epochs(large, end=("epoch", 2), **shuffled) == full
+    assert len([r for r in proxy.requests_matching(r"\.tar$", method="GET") if r.body_bytes > 60_000]) >= 12
+    resumed = run_epochs(large, start=(1, 2), end=("epoch", 2), **shuffled)
+    assert resumed == full[26:]
 
 
 def test_a_store_that_dies_mid_epoch_ends_the_run_with_an_error(proxied, tmp_path):

@@ -8,16 +8,19 @@ delay to every request (real S3 first-byte latency is 10-50 ms). For each delay:
   through the proxy), the baseline the goal is stated against;
 - **hydrax shardwise**: a Dataloader over ``ShardSet("s3://...")`` with 2 (and 4) loader
   processes in ``shardwise`` order, read-ahead on (whole shards streamed);
-- **hydrax random**: fully shuffled order (ranged reads, coalesced), against the ranged-GET
-  ceiling of the server itself (moto copies the whole object for every ranged GET, so that
-  ceiling is measured directly: many ranged GETs in flight, without the proxy);
+- **hydrax random**: fully shuffled order. With the default read-ahead budget the look-ahead
+  covers the epoch and whole shards are streamed; with an 8 MiB budget every sample is a ranged
+  read, against the ranged-GET ceiling of the server itself (moto copies the whole object for
+  every ranged GET, so that ceiling is measured directly: many ranged GETs in flight, without
+  the proxy);
 - **bytes per host**: with ``shard_partitions=4``, what each of P = 1, 2, 4 hosts downloads in
   one epoch, as a share of the dataset (the hosts run one after another here);
 - **set-up**: ``ShardSet`` over 1,000 tiny shards with index objects in the bucket, through the
   proxy, from an empty cache; and from a manifest.
 
-Every loader function copies the sample's bytes into the batch slot. Items/s are over one epoch
-after the first batch; medians of ``--repeat`` runs, interleaved.
+Every loader function copies the sample's bytes into the batch slot. Samples/s are over one whole
+epoch, from entering the Dataloader (or starting webdataset's pipeline) to its last sample, the
+ShardSet's set-up excluded; medians of ``--repeat`` runs, interleaved.
 
     python tools/bench_remote.py [--delays 0.02 0.05] [--repeat 3] [--quick]
 """
@@ -120,27 +123,24 @@ def copy_sample(sample, arrays, seed):
 
 
 def hydrax_epoch(urls: list[str], options, cache: str, loaders: int, order: str, sample_bytes: int,
-                 batch: int = 32, **extra) -> tuple[float, int]:
-    """(items/s over one epoch after the first batch, bytes read ahead)."""
+                 batch: int = 32, readahead=None, **extra) -> tuple[float, int]:
+    """(items/s over one epoch, bytes read ahead)."""
     import jax.numpy as jnp
 
     from hydrax import Dataloader, DataGroup
     from hydrax.shards import ShardSet
 
-    dataset = ShardSet(urls, s3=options, cache_dir=cache)
+    dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
     kwargs = {"shuffle_later": "shardwise"} if order == "shardwise" else {"shuffle_first": True}
     kwargs.update(extra)
     group = DataGroup(batch, dataset, loader_arrays={"bin": ((sample_bytes,), np.uint8, jnp.uint8)}, **kwargs)
     n = 0
+    started = time.perf_counter()  # the whole epoch, workers' start and the first requests included
     with Dataloader(copy_sample, group, loader_count=loaders, end_at=("epoch", 1), timeout_sec=300) as loader:
-        first = None
         for b in loader:
-            if first is None:
-                first = time.perf_counter()
-            else:
-                n += len(b)
+            n += len(b)
             del b
-        elapsed = time.perf_counter() - first
+    elapsed = time.perf_counter() - started
     stats = dataset.readahead_stats
     dataset.close()
     return n / elapsed, stats["bytes"]
@@ -175,7 +175,7 @@ def bytes_per_host(urls: list[str], options, cache: str, proxy: Proxy, sample_by
     for hosts in (1, 2, 4):
         fractions = []
         for host in range(hosts):
-            dataset = ShardSet(urls, s3=options, cache_dir=cache)
+            dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
             group = DataGroup(32, dataset, loader_arrays={"bin": ((sample_bytes,), np.uint8, jnp.uint8)},
                               shuffle_later="shardwise", shard_window=2, shard_partitions=4)
             proxy.clear()
@@ -225,7 +225,7 @@ def main() -> None:
     if args.quick:
         args.repeat = 1
 
-    from hydrax.shards import S3Options
+    from hydrax.shards import ReadAhead, S3Options
 
     moto, port = start_moto()
     endpoint = f"http://127.0.0.1:{port}"
@@ -244,6 +244,9 @@ def main() -> None:
         print(f"{len(urls)} shards x {args.per_shard} samples of {args.sample_bytes} bytes ({total / 1e6:.1f} MB) in moto's S3 server")
         ceiling = statistics.median(ranged_ceiling(urls, endpoint, args.sample_bytes, shard_bytes) for _ in range(args.repeat))
         print(f"moto's own ranged-GET ceiling (32 in flight, no proxy): {ceiling:,.0f} requests/s")
+        # An untimed run first: the fork server hydrax starts its workers from (once a process has
+        # used a remote store) starts here, as it would once per training script.
+        hydrax_epoch(urls[:1], S3Options(endpoint_url=endpoint, **KEYS), tempfile.mkdtemp(dir=tmp), 2, "shardwise", args.sample_bytes)
         rows = []
         for delay in args.delays:
             with Proxy("127.0.0.1", port, delay=delay) as proxy:
@@ -255,6 +258,11 @@ def main() -> None:
                 if not args.quick:
                     cases["hydrax random order, 2 loaders"] = (
                         lambda: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random", args.sample_bytes)[0])
+                    # A read-ahead budget far below the dataset: shuffled samples read one ranged request each.
+                    small = ReadAhead(max_bytes=8 << 20)
+                    cases["hydrax random order, 2 loaders, 8 MiB read-ahead (ranged reads)"] = (
+                        lambda: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random", args.sample_bytes,
+                                             readahead=small)[0])
                 results = {name: [] for name in cases}
                 for _ in range(args.repeat):
                     for name, case in cases.items():

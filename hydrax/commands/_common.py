@@ -13,9 +13,11 @@ class CommandError(Exception):
 
 
 def add_s3_options(parser: argparse.ArgumentParser) -> None:
-    """``--endpoint-url`` and ``--region`` for ``s3://`` URLs (credentials come the standard AWS way)."""
-    group = parser.add_argument_group("S3", "for s3:// URLs; credentials come from the environment or AWS config files")
-    group.add_argument("--endpoint-url", metavar="URL", help="an S3-compatible endpoint (default: AWS)")
+    """``--endpoint-url`` and ``--region`` for ``s3://`` (and ``gs://``) URLs; credentials come the
+    standard AWS (or Google) way."""
+    group = parser.add_argument_group("object stores", "for s3:// and gs:// URLs; credentials come from the environment "
+                                      "or the AWS / Google configuration")
+    group.add_argument("--endpoint-url", metavar="URL", help="an S3-compatible endpoint, or a GCS emulator for gs:// (default: AWS, Google)")
     group.add_argument("--region", help="the region (default: from the AWS configuration)")
 
 
@@ -24,6 +26,15 @@ def s3_options(args: argparse.Namespace):
     from ..shards import S3Options
 
     return S3Options(endpoint_url=getattr(args, "endpoint_url", None), region=getattr(args, "region", None))
+
+
+def store_options(args: argparse.Namespace):
+    """The :class:`hydrax.shards.StoreOptions` the arguments ask for (``--endpoint-url`` serves
+    whichever of s3:// and gs:// the URLs use)."""
+    from ..shards import GCSOptions, StoreOptions
+
+    endpoint = getattr(args, "endpoint_url", None)
+    return StoreOptions(s3=s3_options(args), gcs=GCSOptions(endpoint_url=endpoint))
 
 
 def progress(total: int | None, description: str, unit: str, quiet: bool = False) -> Any:

@@ -1,4 +1,9 @@
-"""``hydrax shards index``: write a ``<shard>.hidx`` index beside each local shard, ahead of training."""
+"""``hydrax shards index``: write a ``<shard>.hidx`` index beside each shard, ahead of training.
+
+Local shards get an index file beside them; remote ones (``s3://``, ``gs://``) an index object
+beside them in the bucket, so a ShardSet over them sets up without reading the data.
+``--manifest`` also writes a dataset manifest (a wids descriptor with sizes and ETags) that makes
+set-up one request."""
 
 from __future__ import annotations
 
@@ -6,19 +11,26 @@ import argparse
 import functools
 import os
 
-from ._common import count, progress, report
+from ._common import add_s3_options, count, progress, report, store_options
 
 
 def register(shard_commands) -> None:
     parser = shard_commands.add_parser(
         "index", help="write a <shard>.hidx index beside each shard", description=__doc__,
-        epilog="example: hydrax shards index --workers 4 'data/train-{0000..0099}.tar'",
+        epilog="examples:\n"
+               "  hydrax shards index --workers 4 'data/train-{0000..0099}.tar'\n"
+               "  hydrax shards index 's3://bucket/train/train-*.tar' --manifest s3://bucket/train/train.json\n"
+               "  hydrax shards index --endpoint-url http://127.0.0.1:9000 's3://bucket/train-{0000..0999}.tar'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns (train-{0000..0099}.tar)")
+    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// / gs:// URLs")
     parser.add_argument("--force", action="store_true", help="rebuild indexes that exist")
     parser.add_argument("--workers", "-j", type=count, default=1, metavar="N",
                         help="index N shards at a time in worker processes (default 1: in this process)")
+    parser.add_argument("--manifest", metavar="PATH_OR_URL",
+                        help="also write a dataset manifest (wids descriptor) listing the shards, their sizes and sample counts")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    add_s3_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -42,13 +54,18 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    from ..errors import HydraxError
     from ..shards import expand_urls
+    from ..shards.store import is_remote
 
+    options = store_options(args)
     try:
-        shards = expand_urls(args.shards)
-    except (FileNotFoundError, NotImplementedError, ValueError) as exc:
+        shards = expand_urls(args.shards, options)
+    except (OSError, HydraxError, NotImplementedError, ValueError) as exc:
         report("shards index", exc)
         return 1
+    if any(is_remote(url) for url in shards):
+        return _run_remote(args, shards, options)
     work = functools.partial(index_shard, force=args.force)
     workers = min(args.workers, len(shards))
     pool = None
@@ -80,6 +97,45 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    if not failed and args.manifest:
+        failed = _write_manifest(args, shards, options)
     if not args.quiet:
         print(f"indexed {len(shards) - failed} of {len(shards)} shards ({samples} samples newly indexed)")
     return 1 if failed else 0
+
+
+def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
+    """Index objects beside remote shards, many requests at once."""
+    import time
+
+    from ..errors import HydraxError
+    from ..shards.catalog import publish_indexes
+
+    started = time.perf_counter()
+    bar = progress(len(shards), "indexing", "shard", args.quiet)
+    try:
+        entries = publish_indexes(shards, options, force=args.force, on_done=lambda _entry: bar.update(1))
+    except (OSError, HydraxError, ValueError) as exc:
+        bar.close()
+        report("shards index", exc)
+        return 1
+    bar.close()
+    failed = _write_manifest(args, entries, options) if args.manifest else 0
+    if not args.quiet:
+        samples = sum(e.samples or 0 for e in entries)
+        print(f"indexed {len(entries)} shards ({samples} samples) in {time.perf_counter() - started:.2f} s: "
+              f"an index object beside each{f'; manifest {args.manifest}' if args.manifest and not failed else ''}")
+    return 1 if failed else 0
+
+
+def _write_manifest(args: argparse.Namespace, shards, options) -> int:
+    from ..errors import HydraxError
+    from ..shards.catalog import resolve, write_manifest
+
+    try:
+        entries = shards if shards and not isinstance(shards[0], str) else resolve(shards, options, "", False)
+        write_manifest(entries, args.manifest, options)
+    except (OSError, HydraxError, ValueError) as exc:
+        report("shards index", exc)
+        return 1
+    return 0

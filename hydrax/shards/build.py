@@ -97,9 +97,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import ObjectNotFoundError
-from .catalog import INDEX_SUFFIX
+from .catalog import INDEX_SUFFIX, ShardEntry, update_summary
 from .indexfile import ShardIndex, index_path
-from .store import S3Options, StoreOptions, is_remote, store_for
+from .store import S3Options, StoreOptions, is_remote, run_async, store_for
 from .tarindex import IMAGE_EXTENSIONS
 from .writer import ShardWriter
 
@@ -602,6 +602,7 @@ class _Output:
         self.options = options if isinstance(options, StoreOptions) else StoreOptions(s3=options or S3Options())
         self.matches = re.compile(re.escape(head.rpartition("/")[2]) + r"\d+" + re.escape(tail) + r"(\.hidx)?")
         self.published: list[str] = []
+        self.entries: list[ShardEntry] = []  # uploaded shards, for the folder summary
         self.sizes = 0
         self._uploads: deque[Future] = deque()
         self._uploader: ThreadPoolExecutor | None = None
@@ -660,13 +661,17 @@ class _Output:
         index = ShardIndex.load(index_path(temporary))
         index.etag = info.version
         self.store.write(url + INDEX_SUFFIX, index.to_bytes())
+        self.entries.append(ShardEntry(url, info.size, info.version, len(index)))
         os.unlink(temporary)
         os.unlink(index_path(temporary))
 
     def finish(self) -> None:
-        """Wait for uploads, then remove the temporary folder."""
+        """Wait for uploads (then write the folder summary), and remove the temporary folder."""
         while self._uploads:
             self._uploads.popleft().result()
+        if self.remote and self.entries:
+            listed = {info.url: info for info in self.store.list(self.folder + "/")}
+            run_async(update_summary(self.folder, self.entries, listed, self.options))
         self._close()
 
     def abort(self) -> None:

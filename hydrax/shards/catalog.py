@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: Index objects and files sit beside their shard under this suffix.
 INDEX_SUFFIX = ".hidx"
+#: The folder summary ``hydrax shards index`` writes beside remote shards: a manifest of every
+#: indexed shard of the folder, so set-up needs one request per folder instead of one per shard.
+SUMMARY_NAME = "hydrax-index.json"
 #: Requests in flight while setting up (index objects are small).
 SETUP_REQUESTS = 64
 #: Whole shards read at once when indexes must be built from them.
@@ -92,11 +95,11 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                                           "use local paths, s3://, gs:// or http(s)://")
             if glob.has_magic(url):
                 # One listing of the folder serves the pattern and shows the index objects too.
-                cut = min(url.find(c) for c in "*?[" if c in url)
+                folder = url[: min(url.find(c) for c in "*?[" if c in url)].rpartition("/")[0] + "/"
                 try:
-                    found = store_for(url, options).list(url[:cut])
+                    found = store_for(url, options).list(folder)
                 except StoreError as exc:  # name the pattern the user gave
-                    raise type(exc)(str(exc).replace(repr(url[:cut]), repr(url)), url=url) from exc
+                    raise type(exc)(str(exc).replace(repr(folder), repr(url)), url=url) from exc
                 listed.update((info.url, info) for info in found)
                 matches = [info for info in found if fnmatch.fnmatchcase(info.url, url) and not info.url.endswith(INDEX_SUFFIX)]
                 if not matches:
@@ -155,7 +158,30 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
         if info is None:
             raise ObjectNotFoundError(f"shard {entry.url!r} does not exist; check the bucket and key", url=entry.url)
         entry.size, entry.version = info.size, info.version
-    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in entries], SETUP_REQUESTS)
+    # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
+    # lists in one request; their indexes then load when first read. The rest read index objects.
+    summaries = sorted({e.url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME for e in entries} & set(listed))
+    counted: dict[str, ShardEntry] = {}
+    for found in await gather_limited([lambda u=u: _read_summary(u, listed[u], options) for u in summaries], SETUP_REQUESTS):
+        counted.update((e.url, e) for e in found)
+    unindexed = []
+    for entry in entries:
+        known = counted.get(entry.url)
+        if known is not None and (known.size, known.version) == (entry.size, entry.version) and known.samples is not None:
+            entry.samples = known.samples
+        else:
+            unindexed.append(entry)
+    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in unindexed], SETUP_REQUESTS)
+
+
+async def _read_summary(url: str, info: ObjectInfo, options: StoreOptions) -> list[ShardEntry]:
+    try:
+        data = await store_for(url, options).read_async(url, version=info.version)
+        return manifest_entries(json.loads(bytes(data).decode("utf-8")), url.rsplit("/", 1)[0], url)
+    except (ObjectNotFoundError, ShardFormatError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # a damaged or foreign summary: the index objects still serve
+        log.warning("ignoring the folder summary %s: %s", url, exc)
+        return []
 
 
 async def _list_async(folder: str, options: StoreOptions) -> list[ObjectInfo]:
@@ -243,23 +269,36 @@ def build_remote_index(data, url: str, size: int, version: str | None) -> ShardI
 
 
 def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
-    """Load the index of ``entry`` now (a shard named by a manifest, when it is first read)."""
+    """Load the index of ``entry`` now (a shard whose count came from a manifest, when it is first read)."""
     if entry.index is None:
         if not is_remote(entry.url):
             entry.index = open_index(entry.url, write=write_index)
+            _check_count(entry)
         else:
-            if entry.size is None or entry.version is None:
-                info = store_for(entry.url, options).stat(entry.url)
-                entry.size, entry.version = info.size, info.version
-            # No listing at hand: try the index object beside the shard (a missing one is built).
-            probe = {entry.url + INDEX_SUFFIX: ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)}
-            samples = entry.samples
-            run_async(_index_entry(entry, probe, options, cache_dir, write_index))
-            entry.samples = samples
-    if entry.samples is not None and len(entry.index) != entry.samples:
-        raise ShardFormatError(f"{entry.url}: the manifest says {entry.samples} samples, its index has {len(entry.index)}; "
-                               "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
+            run_async(load_index_async(entry, options, cache_dir, write_index))
     return entry.index
+
+
+async def load_index_async(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
+    """:func:`load_index` for a remote shard, from an event loop."""
+    if entry.index is None:
+        if entry.size is None or entry.version is None:
+            info = await store_for(entry.url, options).stat_async(entry.url)
+            entry.size, entry.version = info.size, info.version
+        # No listing at hand: try the index object beside the shard (a missing one is built).
+        probe = {entry.url + INDEX_SUFFIX: ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)}
+        samples = entry.samples
+        await _index_entry(entry, probe, options, cache_dir, write_index)
+        entry.samples = samples
+        _check_count(entry)
+    return entry.index
+
+
+def _check_count(entry: ShardEntry) -> None:
+    if entry.samples is not None and len(entry.index) != entry.samples:
+        count, entry.index = len(entry.index), None
+        raise ShardFormatError(f"{entry.url}: the manifest says {entry.samples} samples, its index has {count}; "
+                               "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,18 +326,23 @@ def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEn
         raise ShardFormatError(f"{url}: not a JSON dataset manifest ({exc})", url=url) from exc
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(f"manifest {url!r} does not exist", url=url) from exc
+    entries = manifest_entries(descriptor, folder, url)
+    if not entries:
+        raise ShardFormatError(f"{url}: the manifest lists no shards", url=url)
+    return entries
+
+
+def manifest_entries(descriptor, folder: str, url: str) -> list[ShardEntry]:
+    """The shards a parsed wids descriptor lists (relative URLs resolved against ``folder``)."""
     if not isinstance(descriptor, dict):
         raise ShardFormatError(f"{url}: not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
     pairs = read_wids_descriptor(descriptor, folder)
-    extra = descriptor.get("shardlist", [])
     entries = []
-    for (shard_url, count), raw_entry in zip(pairs, extra):
+    for (shard_url, count), raw_entry in zip(pairs, descriptor.get("shardlist", [])):
         size = raw_entry.get("filesize")
         etag = raw_entry.get("etag")
         entries.append(ShardEntry(shard_url, int(size) if isinstance(size, int) else None,
                                   etag if isinstance(etag, str) else None, count))
-    if not entries:
-        raise ShardFormatError(f"{url}: the manifest lists no shards", url=url)
     return entries
 
 
@@ -381,3 +425,27 @@ async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], opt
             on_done(entry)
 
     await gather_limited([lambda e=e: one(e) for e in entries], SETUP_REQUESTS)
+    folders = {}
+    for entry in entries:
+        folders.setdefault(entry.url.rsplit("/", 1)[0], []).append(entry)
+    for folder, done in folders.items():
+        if scheme_of(folder) in ("s3", "gs"):
+            await update_summary(folder, done, listed, options)
+
+
+async def update_summary(folder: str, entries: Sequence[ShardEntry], listed: dict[str, ObjectInfo],
+                         options: StoreOptions) -> None:
+    """Write the folder summary (:data:`SUMMARY_NAME`) of ``folder``: ``entries``, and the shards
+    an earlier summary listed that the listing ``listed`` shows unchanged."""
+    import asyncio
+
+    url = f"{folder}/{SUMMARY_NAME}"
+    kept: dict[str, ShardEntry] = {}
+    if url in listed:
+        for old in await _read_summary(url, listed[url], options):
+            info = listed.get(old.url)
+            if info is not None and (info.size, info.version) == (old.size, old.version):
+                kept[old.url] = old
+    kept.update((e.url, e) for e in entries)
+    text = manifest_json(sorted(kept.values(), key=lambda e: e.url), "hydrax-index", folder)
+    await asyncio.to_thread(store_for(url, options).write, url, text.encode("utf-8"))

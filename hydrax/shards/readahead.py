@@ -12,7 +12,9 @@ as files under one directory that every worker of the host reads:
   visible to workers as soon as it is complete, so a sample never spans two files and a worker
   reads it zero-copy from a mapping;
 - in any other order, the announced samples are read with ranged requests, neighbours coalesced
-  into one request, and written one file per sample (``s00000042``).
+  into one request, and written one file per sample (``s00000042``), unless the announced
+  batches read most of a shard (the look-ahead covers much of the epoch), which is then
+  streamed too.
 
 A file is written under a temporary name (``.c000012.part``) and renamed when complete; a worker
 that needs a sample whose file is being written waits for it, and one whose sample was not read
@@ -58,6 +60,8 @@ WAIT_S = 15.0
 _PRIVATE_PREFIX = "hydrax-readahead-"
 #: A shard is streamed whole once the announced, unloaded batches read this share of its samples.
 STREAM_FRACTION = 0.1
+#: The same in any other order.
+RANDOM_STREAM_FRACTION = 0.5
 #: Orders in which a group reads whole shards (worth streaming).
 STREAMING_ORDERS = ("sequential", "shardwise")
 
@@ -197,10 +201,11 @@ class Fetcher:
     """
 
     def __init__(self, options: ReadAhead, root: str, layout: Callable[[int], ShardLayout],
-                 store: Callable[[int], Any]) -> None:
+                 layout_async: Callable[[int], Any], store: Callable[[int], Any]) -> None:
         self.options = options
         self.root = root
         self._layout = layout
+        self._layout_async = layout_async
         self._store = store
         self._units: OrderedDict[tuple[int, str], _Unit] = OrderedDict()  # least recently used first
         self._batches: dict[Any, list[_Unit]] = {}
@@ -209,6 +214,7 @@ class Fetcher:
         self._outstanding: dict[int, int] = {}  # shard -> samples announced, not yet released
         self._counts: dict[Any, dict[int, int]] = {}
         self._pending: list[tuple] = []
+        self._unplanned: set[Any] = set()
         self._flush_scheduled = False
         self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0}
         self._loop = asyncio.new_event_loop()
@@ -258,24 +264,6 @@ class Fetcher:
         """Batch ``key`` is loaded: what it needed may be evicted."""
         self._call(self._release, key)
 
-    def settled(self, timeout: float = 30.0) -> bool:
-        """Wait until nothing is queued or being fetched (for tests and benchmarks)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done = threading.Event()
-            busy: list[bool] = []
-
-            def check():
-                busy.append(any(u.state in ("queued", "writing") for u in self._units.values()))
-                done.set()
-
-            self._call(check)
-            done.wait(timeout)
-            if busy and not busy[0]:
-                return True
-            time.sleep(0.01)
-        return False
-
     # -- on the loop -------------------------------------------------------------------------
     def _unit(self, shard: int, name: str, size: int) -> _Unit:
         key = (shard, name)
@@ -296,15 +284,33 @@ class Fetcher:
         self._pending.append((key, shards, samples, order))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_later(0.002, self._flush)
+            self._loop.call_later(0.002, lambda: self._loop.create_task(self._flush()))
 
-    def _flush(self) -> None:
+    async def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, []
+        # Indexes not loaded yet (a manifest gave only counts) load together, many at once.
+        shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
+        results = await asyncio.gather(*(self._layout_async(s) for s in shards), return_exceptions=True)
+        for shard, result in zip(shards, results):
+            if isinstance(result, BaseException):
+                log.debug("read-ahead: no index for shard %d: %s", shard, result)
+        # Ranged reads of the whole burst are coalesced together: neighbours are often announced by
+        # different batches.
+        random_wanted: dict[int, set[int]] = {}
         for item in pending:
-            self._plan(*item)
+            for shard, samples in self._plan(*item).items():
+                random_wanted.setdefault(shard, set()).update(samples)
+        for shard, wanted in random_wanted.items():
+            for run in _coalesce(self._layout(shard), sorted(wanted)):
+                self._loop.create_task(self._read_run(shard, run))
 
-    def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+    def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> dict[int, list[int]]:
+        """Refer batch ``key`` to the files it needs and start streams; returns the samples to read
+        with ranged requests, by shard."""
+        if key in self._unplanned:
+            self._unplanned.discard(key)
+            return {}
         needed: list[_Unit] = []
         random_wanted: dict[int, list[int]] = {}
         stream_wanted: set[int] = set()
@@ -314,9 +320,11 @@ class Fetcher:
             except Exception as exc:  # the worker's own read will report it
                 log.debug("read-ahead: no layout for shard %d: %s", shard, exc)
                 continue
-            # Stream a shard when the batches announced and not yet loaded read a good part of it;
-            # a few items of a shard (items spilled from another partition, say) are read alone.
-            stream = order in STREAMING_ORDERS and self._outstanding.get(shard, 0) >= STREAM_FRACTION * len(layout.starts)
+            # Stream a shard when the batches announced and not yet loaded read a good part of it
+            # (in a shuffled order, most of it: the look-ahead then covers much of the epoch); a few
+            # items of a shard (items spilled from another partition, say) are read alone.
+            fraction = STREAM_FRACTION if order in STREAMING_ORDERS else RANDOM_STREAM_FRACTION
+            stream = self._outstanding.get(shard, 0) >= fraction * len(layout.starts)
             chosen = samples[shards == shard]
             chunks = np.searchsorted(layout.chunks, chosen, side="right") - 1
             for chunk in np.unique(chunks).tolist():
@@ -340,18 +348,21 @@ class Fetcher:
             if shard not in self._streaming:
                 self._streaming.add(shard)
                 self._loop.create_task(self._stream_shard(shard))
-        for shard, wanted in random_wanted.items():
-            for run in _coalesce(self._layout(shard), sorted(wanted)):
-                self._loop.create_task(self._read_run(shard, run))
+        return random_wanted
 
     def _release(self, key: Any) -> None:
-        if any(item[0] == key for item in self._pending):
-            self._flush()
+        if key not in self._batches:  # loaded before it was planned: plan nothing for it
+            self._unplanned.add(key)
+            self._outstanding_drop(key)
+            return
         for unit in self._batches.pop(key, ()):
             unit.refs -= 1
+        self._outstanding_drop(key)
+        self._loop.create_task(self._notify())
+
+    def _outstanding_drop(self, key: Any) -> None:
         for shard, n in self._counts.pop(key, {}).items():
             self._outstanding[shard] -= n
-        self._loop.create_task(self._notify())
 
     async def _notify(self) -> None:
         async with self._room:
@@ -483,10 +494,18 @@ class Fetcher:
         """One ranged request for the consecutive-ish samples ``run``, written one file each."""
         layout = self._layout(shard)
         units = [self._units.get((shard, sample_name(s))) for s in run]
+        reserved = 0
         try:
             for unit in units:
                 if unit is None or not await self._reserve(unit):
+                    for held in units[:reserved]:  # give back what was reserved; workers read these themselves
+                        held.state = "absent"
+                        self._bytes -= held.size
+                    for rest in units[reserved:]:
+                        if rest is not None and rest.state == "queued":
+                            rest.state = "absent"
                     return
+                reserved += 1
             start, end = int(layout.starts[run[0]]), int(layout.ends[run[-1]])
             async with self._requests:
                 self.stats["requests"] += 1

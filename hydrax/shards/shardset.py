@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Iterator
@@ -22,7 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import ObjectChangedError
-from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, resolve
+from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, load_index_async, resolve
 from .indexfile import ShardIndex
 from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
 from .store import GCSOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
@@ -147,10 +148,24 @@ class ShardSet(Sequence["SampleRef"]):
         """Where shard ``shard``'s samples are, and where read-ahead puts them."""
         layout = self._layouts.get(shard)
         if layout is None:
-            index = self.index(shard)
-            starts, ends = index.sample_spans()
+            self.index(shard)
+            layout = self._make_layout(shard)
+        return layout
+
+    async def layout_async(self, shard: int) -> ShardLayout:
+        """:meth:`layout` from an event loop (read-ahead loads many indexes at once)."""
+        layout = self._layouts.get(shard)
+        if layout is None:
             entry = self._entries[shard]
-            layout = self._layouts[shard] = ShardLayout(entry.url, entry.version, starts, ends, self._root or "")
+            if entry.index is None:
+                await load_index_async(entry, self.options, self.cache_dir, self._write_index)
+            layout = self._make_layout(shard)
+        return layout
+
+    def _make_layout(self, shard: int) -> ShardLayout:
+        entry = self._entries[shard]
+        starts, ends = entry.index.sample_spans()
+        layout = self._layouts[shard] = ShardLayout(entry.url, entry.version, starts, ends, self._root or "")
         return layout
 
     def _read_remote(self, shard: int, sample: int, offset: int, size: int):
@@ -178,7 +193,11 @@ class ShardSet(Sequence["SampleRef"]):
         if not remote.any():
             return
         if self._fetcher is None:
-            self._fetcher = Fetcher(self.readahead, self._root, self.layout, lambda s: store_for(self.urls[s], self.options))
+            # The fetcher's thread must not keep the ShardSet alive: it sees it through weak references.
+            me = weakref.ref(self)
+            self._fetcher = Fetcher(self.readahead, self._root, lambda s: me().layout(s), lambda s: me().layout_async(s),
+                                    lambda s: store_for(me().urls[s], me().options))
+            weakref.finalize(self, self._fetcher.close)
         self._fetcher.announce(key, shards[remote], samples[remote], order)
 
     def release(self, key: Any) -> None:

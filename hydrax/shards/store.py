@@ -311,10 +311,9 @@ class ObjectStore(Store):
         o = self.options
         client_options: dict[str, Any] = {"connect_timeout": _seconds(o.connect_timeout), "timeout": _seconds(o.read_timeout),
                                           "pool_max_idle_per_host": "64"}
-        # obstore retries connection errors and 5xx itself; this class retries the rest (bodies cut
-        # short, resets mid-stream) around it, so keep its own retries few and quick.
-        retry = {"max_retries": 2, "retry_timeout": _seconds(min(30.0, o.read_timeout)),
-                 "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1), "base": 2}}
+        # This class retries every transient failure itself (bodies cut short and resets mid-stream
+        # too, which obstore does not), so max_attempts counts attempts in all.
+        retry = {"max_retries": 0, "retry_timeout": _seconds(o.read_timeout)}
         if self.scheme == "s3":
             config: dict[str, Any] = {}
             if o.endpoint_url:
@@ -399,7 +398,7 @@ class ObjectStore(Store):
                 if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
                     raise error from exc
                 log.debug("retrying %s of %s (attempt %d): %s", action, url, attempt + 2, exc)
-                time.sleep(min(2.0, 0.05 * 2 ** attempt))
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
         raise AssertionError("unreachable")
 
     async def _retry_async(self, url: str, action: str, offset: int | None, version: str | None, call):
@@ -411,7 +410,7 @@ class ObjectStore(Store):
                 error = self.explain(url, exc, action, offset, version)
                 if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
                     raise error from exc
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** attempt))
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
         raise AssertionError("unreachable")
 
     # -- operations --------------------------------------------------------------------------
@@ -519,7 +518,7 @@ class ObjectStore(Store):
                 failures += 1
                 if not isinstance(error, StoreUnavailableError) or failures >= self._attempts():
                     raise error from exc
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** failures))
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** failures))
 
     def write(self, url: str, data) -> ObjectInfo:
         import obstore
