@@ -25,11 +25,9 @@ class WorkerError(KeyboardInterrupt):
     """
 
 
-class ShardFormatError(HydraxError, ValueError):
-    """A shard, index or manifest that is not valid, or breaks the WebDataset sample rules.
-
-    ``url`` names the shard (or file), ``offset`` the byte offset of the problem when known.
-    """
+class LocatedError(HydraxError):
+    """An error about a place in a file or object: ``url`` names it, ``offset`` the byte offset
+    when known (None otherwise)."""
 
     def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
         super().__init__(message)
@@ -37,29 +35,25 @@ class ShardFormatError(HydraxError, ValueError):
         self.offset = offset
 
     def __reduce__(self):
+        # Exception pickling keeps only the message; workers send these to the main process.
         return _rebuild, (type(self), str(self), self.url, self.offset)
 
 
-class StoreError(HydraxError, OSError):
+def _rebuild(kind, message, url, offset):
+    return kind(message, url=url, offset=offset)
+
+
+class ShardFormatError(LocatedError, ValueError):
+    """A shard, index or manifest that is not valid, or breaks the WebDataset sample rules."""
+
+
+class StoreError(LocatedError, OSError):
     """A read or write on a shard store (local disk, S3, GCS, HTTP) that failed for good.
 
     ``url`` names the object, ``offset`` the byte offset of the read (None for whole objects and
     listings). Transient failures are retried before this is raised, so a ``StoreError`` met
     while loading ends the run rather than silently dropping the data.
     """
-
-    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
-        super().__init__(message)
-        self.url = url
-        self.offset = offset
-
-    def __reduce__(self):
-        # OSError's own pickling drops keyword arguments; workers send these to the main process.
-        return _rebuild, (type(self), str(self), self.url, self.offset)
-
-
-def _rebuild(kind, message, url, offset):
-    return kind(message, url=url, offset=offset)
 
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):

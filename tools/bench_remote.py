@@ -15,8 +15,9 @@ delay to every request (real S3 first-byte latency is 10-50 ms). For each delay:
   the proxy);
 - **bytes per host**: with ``shard_partitions=4``, what each of P = 1, 2, 4 hosts downloads in
   one epoch, as a share of the dataset (the hosts run one after another here);
-- **set-up**: ``ShardSet`` over 1,000 tiny shards with index objects in the bucket, through the
-  proxy, from an empty cache; and from a manifest.
+- **set-up**: ``ShardSet`` over 1,000 tiny shards, through the proxy, from an empty cache: with
+  the folder summary ``hydrax shards index`` writes, from a manifest, and from the index objects
+  alone (one GET each; moto serves about 300 requests/s, so this measures moto).
 
 Every loader function copies the sample's bytes into the batch slot. Samples/s are over one whole
 epoch, from entering the Dataloader (or starting webdataset's pipeline) to its last sample, the
@@ -175,7 +176,7 @@ def bytes_per_host(urls: list[str], options, cache: str, proxy: Proxy, sample_by
     for hosts in (1, 2, 4):
         fractions = []
         for host in range(hosts):
-            dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
+            dataset = ShardSet(urls, s3=options, cache_dir=cache)
             group = DataGroup(32, dataset, loader_arrays={"bin": ((sample_bytes,), np.uint8, jnp.uint8)},
                               shuffle_later="shardwise", shard_window=2, shard_partitions=4)
             proxy.clear()
@@ -201,7 +202,11 @@ def setup_times(client, endpoint: str, proxy: Proxy, tmp: str, shards: int) -> d
     write_manifest(entries, f"s3://{BUCKET}/tiny/dataset.json", direct)
     options = S3Options(endpoint_url=proxy.url, **KEYS)
     times = {}
-    for name, spec in (("index objects", f"s3://{BUCKET}/tiny/tiny-*.tar"), ("manifest", f"s3://{BUCKET}/tiny/dataset.json")):
+    cases = (("folder summary", f"s3://{BUCKET}/tiny/tiny-*.tar"), ("manifest", f"s3://{BUCKET}/tiny/dataset.json"),
+             ("index objects", f"s3://{BUCKET}/tiny/tiny-*.tar"))
+    for name, spec in cases:
+        if name == "index objects":  # without the summary: one GET per index object
+            client.delete_object(Bucket=BUCKET, Key="tiny/hydrax-index.json")
         cache = tempfile.mkdtemp(dir=tmp)
         proxy.clear()
         started = time.perf_counter()
@@ -221,6 +226,7 @@ def main() -> None:
     parser.add_argument("--sample-bytes", type=int, default=40_000)
     parser.add_argument("--setup-shards", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="one repeat, no 4-loader or random runs")
+    parser.add_argument("--setup-only", action="store_true", help="only the set-up times")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
@@ -233,6 +239,12 @@ def main() -> None:
     client.create_bucket(Bucket=BUCKET)
     tmp = tempfile.mkdtemp(prefix="hydrax-bench-remote-")
     try:
+        if args.setup_only:
+            with Proxy("127.0.0.1", port, delay=args.delays[0]) as proxy:
+                setup = setup_times(client, endpoint, proxy, tmp, args.setup_shards)
+            print(", ".join(f"{name} {setup[name]:.2f} s ({setup[name + ' requests']} requests)"
+                            for name in ("folder summary", "manifest", "index objects")))
+            return
         paths = make_shards(tmp, args.shards, args.per_shard, args.sample_bytes, "train")
         urls = upload(client, paths, "train")
         from hydrax.shards.catalog import publish_indexes
@@ -288,8 +300,8 @@ def main() -> None:
             print(f"| {hosts} | {', '.join(f'{f:.2f}' for f in fractions)} (ideal {1 / hosts:.2f}) |")
         print()
         print(f"set-up, {args.setup_shards} shards, {args.delays[0] * 1000:.0f} ms proxy, empty cache: "
-              f"index objects {setup['index objects']:.2f} s ({setup['index objects requests']} requests), "
-              f"manifest {setup['manifest']:.2f} s ({setup['manifest requests']} requests)")
+              + ", ".join(f"{name} {setup[name]:.2f} s ({setup[name + ' requests']} requests)"
+                          for name in ("folder summary", "manifest", "index objects")))
     finally:
         moto.kill()
         import shutil

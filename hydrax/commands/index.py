@@ -17,8 +17,8 @@ from ._common import add_s3_options, count, progress, report, store_options
 def register(shard_commands) -> None:
     parser = shard_commands.add_parser(
         "index", help="write a <shard>.hidx index beside each shard", description=__doc__,
-        epilog="examples:\n"
-               "  hydrax shards index --workers 4 'data/train-{0000..0099}.tar'\n"
+        epilog="example: hydrax shards index --workers 4 'data/train-{0000..0099}.tar'\n"
+               "more:\n"
                "  hydrax shards index 's3://bucket/train/train-*.tar' --manifest s3://bucket/train/train.json\n"
                "  hydrax shards index --endpoint-url http://127.0.0.1:9000 's3://bucket/train-{0000..0999}.tar'",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -35,13 +35,13 @@ import mmap
 import os
 import struct
 import sys
-import tempfile
 import zlib
 from typing import Sequence
 
 import numpy as np
 
 from .. import _core
+from .store import write_atomic
 from .tarindex import Sample, ShardFormatError, group_samples, scan_error, scan_members
 
 FORMAT = "hydrax-tar-index-v2"
@@ -72,18 +72,6 @@ _KERNEL_SCAN_ERRORS = (1, 2, 3, 4)  # index_tar statuses that are header errors;
 def index_path(shard: str) -> str:
     """Where the index of the local shard ``shard`` lives."""
     return os.fspath(shard) + SUFFIX
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` would, for every thread)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
 
 
 def _aligned(n: int) -> int:
@@ -279,19 +267,7 @@ class ShardIndex:
 
     def save(self, path: str) -> None:
         """Write the index to ``path`` atomically (a temporary file beside it, then a rename)."""
-        data = self.to_bytes()
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, temporary = tempfile.mkstemp(prefix=".hidx-", dir=folder)
-        try:
-            # mkstemp makes the file private; an index is as readable as any file the user writes
-            os.fchmod(fd, 0o666 & ~_umask())
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
+        write_atomic(path, self.to_bytes(), ".hidx-")
 
     @classmethod
     def load(cls, path: str) -> ShardIndex:

@@ -286,12 +286,16 @@ class Fetcher:
             self._flush_scheduled = True
             self._loop.call_later(0.002, lambda: self._loop.create_task(self._flush()))
 
+    async def _limited(self, function, *args):
+        async with self._requests:
+            return await function(*args)
+
     async def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, []
         # Indexes not loaded yet (a manifest gave only counts) load together, many at once.
         shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
-        results = await asyncio.gather(*(self._layout_async(s) for s in shards), return_exceptions=True)
+        results = await asyncio.gather(*(self._limited(self._layout_async, s) for s in shards), return_exceptions=True)
         for shard, result in zip(shards, results):
             if isinstance(result, BaseException):
                 log.debug("read-ahead: no index for shard %d: %s", shard, result)

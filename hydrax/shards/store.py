@@ -173,6 +173,35 @@ class Store:
         yield await self.read_async(url, offset, end - offset, version=version)
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def write_atomic(path: str, data, prefix: str = ".hydrax-") -> None:
+    """Write ``data`` to the local file ``path`` atomically: a temporary file beside it, then a
+    rename, so readers see the old file or the whole new one. The file is as readable as any the
+    user writes (the umask applies; ``mkstemp`` alone would make it private)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=prefix, dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
 class LocalStore(Store):
     """Files on a local (or network-mounted) file system."""
 
@@ -220,18 +249,8 @@ class LocalStore(Store):
         return data
 
     def write(self, url: str, data) -> ObjectInfo:
-        path = local_path(url)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, temporary = tempfile.mkstemp(prefix=".hydrax-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
-        return self.stat(path)
+        write_atomic(local_path(url), data)
+        return self.stat(local_path(url))
 
     def delete(self, url: str) -> None:
         try:
