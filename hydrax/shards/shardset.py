@@ -106,9 +106,7 @@ class ShardSet(Sequence["SampleRef"]):
     def index(self, shard: int) -> ShardIndex:
         """The index of shard number ``shard`` (loaded on first use for shards named by a manifest)."""
         entry = self._entries[shard]
-        if entry.index is None:
-            load_index(entry, self.options, self.cache_dir, self._write_index)
-        return entry.index
+        return entry.index if entry.index is not None else load_index(entry, self.options, self.cache_dir, self._write_index)
 
     def shard_entry(self, shard: int) -> ShardEntry:
         """URL, size, version and sample count of shard number ``shard``."""
