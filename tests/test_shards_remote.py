@@ -309,3 +309,31 @@ def test_http_shards_read_like_local_ones_and_are_pinned(http_store, tmp_path):
         pinned[9]["cls"]
     fresh = ShardSet(f"{base}/h-{{00..02}}.tar", cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
     assert int(bytes(fresh[9]["cls"])) == 9
+
+
+def test_gcs_shards_set_up_from_index_objects_and_load_through_workers(gcs_store, tmp_path):
+    from hydrax.shards import GCSOptions
+    from hydrax.shards.catalog import build_remote_index
+
+    endpoint, upload = gcs_store
+    with ShardWriter(str(tmp_path / "g-%02d.tar"), maxcount=8, index=False) as writer:
+        for i in range(20):
+            writer.write({"__key__": f"k{i:03d}", "cls": str(i), "bin": np.full(4, i, np.int32).tobytes()})
+    options = GCSOptions(endpoint_url=endpoint, max_attempts=2)
+    for path in writer.paths:
+        upload(f"train/{os.path.basename(path)}", Path(path).read_bytes())
+    # Index objects beside two of the three shards (the emulator takes uploads only through its
+    # JSON API, so they are written here rather than by `hydrax shards index`).
+    probe = ShardSet("gs://data/train/g-*.tar", gcs=options, cache_dir=str(tmp_path / "c0"))
+    for shard in range(2):
+        entry = probe.shard_entry(shard)
+        index = build_remote_index(Path(writer.paths[shard]).read_bytes(), entry.url, entry.size, entry.version)
+        upload(f"train/{os.path.basename(writer.paths[shard])}.hidx", index.to_bytes())
+    dataset = ShardSet("gs://data/train/g-*.tar", gcs=options, cache_dir=str(tmp_path / "cache"))
+    assert dataset.urls == [f"gs://data/train/g-{s:02d}.tar" for s in range(3)] and dataset.shard_sizes() == [8, 8, 4]
+    local = ShardSet(writer.paths)
+    assert [{f: bytes(s[f]) for f in s} for s in dataset] == [{f: bytes(s[f]) for f in s} for s in local]
+    seen = run_epochs(dataset, batch=4, shuffle_later="shardwise")
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(20))
+    with pytest.raises(ObjectNotFoundError, match="gs://data/train/none.tar"):
+        ShardSet("gs://data/train/none.tar", gcs=options, cache_dir=str(tmp_path / "c1"))

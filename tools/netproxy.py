@@ -48,7 +48,8 @@ Counters: :attr:`Proxy.requests`, :attr:`Proxy.methods` (per method), :attr:`Pro
 :attr:`Proxy.bytes_up`, and :attr:`Proxy.log`, one :class:`Request` (method, path, range, status,
 body bytes, fault) per request. :meth:`Proxy.stats` snapshots them; :meth:`Proxy.clear` zeroes them.
 
-Run as a program it proxies until interrupted, one listening port per ``--delay``::
+Run as a program it proxies until interrupted, one listening port per ``--delay`` (each new
+connection's first request waits as long again, unless ``--connect-delay`` says otherwise)::
 
     python tools/netproxy.py 127.0.0.1:5000 --delay 0.02 --delay 0.05
     # prints "listening 127.0.0.1 41234 41235"
@@ -311,14 +312,18 @@ class _Connection:
 class Proxy:
     """A delaying, fault-injecting HTTP/1.1 reverse proxy on 127.0.0.1 for ``upstream_host:upstream_port``.
 
-    ``delay``: seconds each request waits before it is forwarded (plus up to ``jitter`` more, at
-    random), and the first request of each client connection ``connect_delay`` more. ``bandwidth``: bytes/s cap on each response body (None: no cap). ``port``: where to
-    listen (0: any free port; :attr:`port` tells which after :meth:`start`). ``log_limit``: how
-    many requests :attr:`log` keeps (the oldest go first).
+    ``delay``: seconds each request waits, from the arrival of its head, before it is forwarded
+    (plus up to ``jitter`` more, at random); the first request of each client connection waits
+    ``connect_delay`` more (what a far store's handshakes would cost). ``bandwidth``: a bytes/s
+    cap on each response body (None: none). ``port``: where to listen (0: any free port;
+    :attr:`port` tells which after :meth:`start`). ``log_limit``: how many requests :attr:`log`
+    keeps (the oldest go first). :attr:`delay`, :attr:`jitter`, :attr:`connect_delay` and
+    :attr:`bandwidth` may be changed while it runs.
     """
 
     def __init__(self, upstream_host: str, upstream_port: int, delay: float = 0.02, *, jitter: float = 0.0,
-                 connect_delay: float = 0.0, bandwidth: float | None = None, host: str = "127.0.0.1", port: int = 0, log_limit: int = 100_000):
+                 connect_delay: float = 0.0, bandwidth: float | None = None, host: str = "127.0.0.1",
+                 port: int = 0, log_limit: int = 100_000):
         self.upstream = (upstream_host, int(upstream_port))
         self.delay, self.jitter, self.bandwidth = float(delay), float(jitter), bandwidth
         self.connect_delay = float(connect_delay)
@@ -767,11 +772,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("upstream", help="HOST:PORT of the server to proxy")
     parser.add_argument("--delay", type=float, action="append",
                         help="seconds added to each request; repeat for one port per delay (default 0.02)")
-    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more, at random")
+    parser.add_argument("--connect-delay", type=float, default=None,
+                        help="seconds more for the first request of each connection (default: the delay)")
     parser.add_argument("--bandwidth", type=float, default=None, help="bytes/s per response body")
     args = parser.parse_args(argv)
     host, _, port = args.upstream.rpartition(":")
-    proxies = [Proxy(host or "127.0.0.1", int(port), d, jitter=args.jitter, bandwidth=args.bandwidth)
+    proxies = [Proxy(host or "127.0.0.1", int(port), d, jitter=args.jitter, bandwidth=args.bandwidth,
+                     connect_delay=d if args.connect_delay is None else args.connect_delay)
                for d in (args.delay or [0.02])]
     for proxy in proxies:
         proxy.start()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import glob as globbing
+import json
 import logging
 import os
 import re
@@ -349,11 +350,15 @@ class ObjectStore(Store):
             return S3Store(self.container, client_options=client_options, retry_config=retry, **config)
         if self.scheme == "gs":
             config = {}
-            if o.endpoint_url:
-                config["base_url"] = o.endpoint_url.rstrip("/")
-                client_options["allow_http"] = o.endpoint_url.startswith("http://")
             if o.service_account_path:
                 config["service_account"] = o.service_account_path
+            elif o.endpoint_url:
+                # An emulator: a key that names its URL and asks for no OAuth token (object_store's
+                # convention; a bare base URL would still fetch a token from the metadata server).
+                config["service_account_key"] = json.dumps({"gcs_base_url": o.endpoint_url.rstrip("/"), "disable_oauth": True,
+                                                            "client_email": "", "private_key": "", "private_key_id": ""})
+            if o.endpoint_url:
+                client_options["allow_http"] = o.endpoint_url.startswith("http://")
             if o.anonymous:
                 config["skip_signature"] = True
             return GCSStore(self.container, client_options=client_options, retry_config=retry, **config)
