@@ -149,6 +149,12 @@ def test_network_failures_are_retried_then_named(proxied, tmp_path):
     assert int(bytes(dataset[1]["cls"])) == 1  # a body cut short is read again
     proxy.reset_next(1, method="GET", ranged=True)
     assert int(bytes(dataset[2]["cls"])) == 2  # so is a connection closed on it
+    impatient = ShardSet(urls, s3=S3Options(endpoint_url=options.endpoint_url, read_timeout=1, **KEYS),
+                         cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(enabled=False))
+    proxy.stall_next(1, seconds=2.5, method="GET", ranged=True)
+    started = time.monotonic()
+    assert int(bytes(impatient[4]["cls"])) == 4  # a read that times out is sent again
+    assert 1 <= time.monotonic() - started < 2.5
     proxy.truncate_next(100, after_bytes=10, method="GET", ranged=True)
     with pytest.raises(StoreUnavailableError, match=r"shard 's3://data/shards/w-000.tar' at byte offset \d+: the request failed after retries") as info:
         dataset[3]["cls"]
@@ -337,3 +343,25 @@ def test_gcs_shards_set_up_from_index_objects_and_load_through_workers(gcs_store
     assert sorted(c for _, _, cls in seen for c in cls) == list(range(20))
     with pytest.raises(ObjectNotFoundError, match="gs://data/train/none.tar"):
         ShardSet("gs://data/train/none.tar", gcs=options, cache_dir=str(tmp_path / "c1"))
+
+
+def test_a_disk_cache_lets_later_runs_skip_downloads_within_its_cap(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=4, options=options)
+    cache = ReadAhead(cache_dir=str(tmp_path / "disk"))
+    first = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=cache)
+    proxy.clear()
+    expected = run_epochs(first, shuffle_later="shardwise")
+    downloaded = sum(r.body_bytes for r in proxy.requests_matching(r"\.tar$", method="GET"))
+    first.close()
+    assert downloaded > 0.9 * sum(os.path.getsize(p) for p in (tmp_path / f"w-{s:03d}.tar" for s in range(4)))
+    again = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=cache)
+    proxy.clear()
+    assert run_epochs(again, shuffle_later="shardwise") == expected
+    assert sum(r.body_bytes for r in proxy.requests_matching(r"\.tar$", method="GET")) < 0.05 * downloaded
+    # A cap below what it holds: files of earlier runs go first, and reads stay correct.
+    small = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"),
+                     readahead=ReadAhead(cache_dir=str(tmp_path / "disk"), max_bytes=100_000))
+    assert run_epochs(small, shuffle_later="shardwise") == expected
+    held = sum(f.stat().st_size for f in (tmp_path / "disk").rglob("*") if f.is_file())
+    assert held <= 100_000 + 100_000  # the cap, plus at most a chunk being written when the run ended

@@ -263,9 +263,7 @@ async def _build_async(entry: ShardEntry, store) -> ShardIndex:
 
 def build_remote_index(data, url: str, size: int, version: str | None) -> ShardIndex:
     """The index of a remote shard from its bytes, tied to its size and version."""
-    index = index_from_bytes(data, url, size, 0)
-    index.etag = version
-    return index
+    return index_from_bytes(data, url, size, 0, version)
 
 
 def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:

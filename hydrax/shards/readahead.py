@@ -57,6 +57,8 @@ COALESCE_GAP = 256 << 10
 COALESCE_MAX = 8 << 20
 #: How long a worker waits for a file being written before reading the sample itself.
 WAIT_S = 15.0
+#: A temporary file in a persistent cache untouched this long was left by a killed process.
+STALE_PART_S = 600
 _PRIVATE_PREFIX = "hydrax-readahead-"
 #: A shard is streamed whole once the announced, unloaded batches read this share of its samples.
 STREAM_FRACTION = 0.1
@@ -223,6 +225,7 @@ class Fetcher:
         self._requests: asyncio.Semaphore | None = None
         self._streams: asyncio.Semaphore | None = None
         self._closed = False
+        self._foreign: OrderedDict[str, int] | None = None  # files of earlier runs in a persistent cache
         if options.cache_dir is not None:
             self._adopt_existing()
         self._thread = threading.Thread(target=self._run, name="hydrax-readahead", daemon=True)
@@ -270,6 +273,11 @@ class Fetcher:
         unit = self._units.get(key)
         if unit is None:
             unit = self._units[key] = _Unit(shard, name, size)
+            if self._foreign is not None:
+                # A persistent cache may hold the file from an earlier run: use it as it is.
+                path = os.path.join(self._layout(shard).directory, name)
+                if self._foreign.pop(path, None) is not None:
+                    unit.state = "present"
         else:
             self._units.move_to_end(key)
         return unit
@@ -373,7 +381,8 @@ class Fetcher:
             self._room.notify_all()
 
     async def _reserve(self, unit: _Unit) -> bool:
-        """Make room for ``unit``; False when it is no longer wanted (nothing refers to it)."""
+        """Make room for ``unit``, waiting while everything held is still needed; False when it is
+        larger than the whole budget (workers then read its samples themselves)."""
         async with self._room:
             while self._bytes + unit.size > self.options.max_bytes:
                 if not self._evict(self._bytes + unit.size - self.options.max_bytes):
@@ -384,8 +393,9 @@ class Fetcher:
             return True
 
     def _evict(self, wanted: int) -> bool:
-        """Remove present, unreferenced files, least recently used first, until ``wanted`` bytes are free."""
-        freed = 0
+        """Remove present, unreferenced files, least recently used first (files of earlier runs
+        before all others), until ``wanted`` bytes are free."""
+        freed = self._trim_foreign(wanted) if self._foreign else 0
         for key, unit in list(self._units.items()):
             if freed >= wanted:
                 break
@@ -439,7 +449,6 @@ class Fetcher:
                 unit = None
                 part = None
                 f = None
-                buffered = 0
                 chunk_start, chunk_end = layout.chunk_span(chunk)
                 position = start
                 try:
@@ -467,7 +476,6 @@ class Fetcher:
                                 f.write(view[:take])
                             view = view[take:]
                             position += take
-                            buffered += take
                             if position == chunk_end:
                                 if f is not None:
                                     f.close()
@@ -475,7 +483,6 @@ class Fetcher:
                                     self._finish(unit, layout.directory, part)
                                     part = None
                                 chunk += 1
-                                buffered = 0
                                 if chunk < count:
                                     chunk_start, chunk_end = layout.chunk_span(chunk)
                                 else:
@@ -540,7 +547,8 @@ class Fetcher:
             for entry in os.scandir(folder.path):
                 if entry.name.startswith("."):
                     try:
-                        os.unlink(entry.path)  # a part left by a killed process
+                        if time.time() - entry.stat().st_mtime > STALE_PART_S:
+                            os.unlink(entry.path)  # left by a killed process (a live one writes to it)
                     except OSError:
                         pass
                     continue
