@@ -287,3 +287,17 @@ def test_index_writes_index_objects_and_a_manifest_into_the_bucket(server, datas
     assert [(s.key, bytes(s["png"])) for s in from_manifest] == [(s.key, bytes(s["png"])) for s in local]
     again = hydrax("shards", "index", "-q", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
     assert again.returncode == 0 and again.stdout == ""
+
+
+def test_commands_read_gcs_through_the_endpoint_option(gcs_store, dataset, tmp_path):
+    endpoint, upload = gcs_store
+    paths, samples = dataset
+    for path in paths:
+        upload(f"shards/{os.path.basename(path)}", Path(path).read_bytes())
+    env = {"HYDRAX_CACHE": str(tmp_path / "cache")}
+    result = hydrax("shards", "verify", "--endpoint-url", endpoint, "gs://data/shards/train-*.tar", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "3 shards, 20 samples" in result.stdout and "3 ok" in result.stdout
+    stat = hydrax("stat", "--json", "-q", "--endpoint-url", endpoint, "gs://data/shards/train-{00..02}.tar", env=env)
+    assert stat.returncode == 0, stat.stderr
+    check_stats(json.loads(stat.stdout), samples)

@@ -37,6 +37,12 @@ def store_options(args: argparse.Namespace):
     return StoreOptions(s3=s3_options(args), gcs=GCSOptions(endpoint_url=endpoint))
 
 
+def shard_options(args: argparse.Namespace) -> dict:
+    """ShardSet's store keywords (``s3=``, ``gcs=``) the arguments ask for."""
+    options = store_options(args)
+    return {"s3": options.s3, "gcs": options.gcs}
+
+
 def progress(total: int | None, description: str, unit: str, quiet: bool = False) -> Any:
     """A tqdm bar on stderr when tqdm is installed and output is wanted, else a silent stand-in."""
     try:

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ._common import add_s3_options, progress, report, s3_options
+from ._common import add_s3_options, progress, report, shard_options
 
 def register(commands) -> None:
     parser = commands.add_parser(
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..shards.tarindex import is_image_field
 
     try:
-        dataset = ShardSet(args.shards, s3=s3_options(args))
+        dataset = ShardSet(args.shards, **shard_options(args))
     except (OSError, ShardFormatError, ValueError, NotImplementedError) as exc:
         report("bench", exc)
         return 1

@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 
-from ._common import add_s3_options, progress, report, s3_options
+from ._common import add_s3_options, progress, report, store_options
 
 DESCRIPTION = """\
 Write WebDataset-style tar shards, each with its .hidx index, from
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             result = build_shards(
                 samples, args.out, maxcount=args.maxcount, maxsize=args.maxsize,
                 shuffle_seed=(args.seed or 0) if args.shuffle else None, workers=args.workers, check_images=check,
-                skip_bad=args.skip_bad, force=args.force, s3_options=s3_options(args), progress=advance, warn=warn,
+                skip_bad=args.skip_bad, force=args.force, s3_options=store_options(args), progress=advance, warn=warn,
             )
         finally:
             if bar is not None:

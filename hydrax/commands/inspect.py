@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import CommandError, add_s3_options, count, report, s3_options, table
+from ._common import CommandError, add_s3_options, count, report, store_options, table
 
 
 class _Usage(CommandError):
@@ -37,7 +37,7 @@ FIELD_HEADERS = ("field", "samples", "min B", "mean B", "max B", "total B")
 
 def run(args: argparse.Namespace) -> int:
     try:
-        summary = summarize_shard(args.shard, args.limit, s3_options(args))
+        summary = summarize_shard(args.shard, args.limit, store_options(args))
     except _Usage as exc:
         report("shards inspect", exc)
         return 2
@@ -70,7 +70,7 @@ def summarize_shard(url: str, limit: int, options) -> dict:
         urls = expand_urls(url, options)
         if len(urls) != 1:
             raise _Usage(f"{url!r} names {len(urls)} shards; inspect takes one (hydrax stat summarises many)")
-        shards = ShardSet(urls, write_index=False, s3=options)
+        shards = ShardSet(urls, write_index=False, s3=options.s3, gcs=options.gcs)
     except (OSError, ShardFormatError, ValueError, NotImplementedError, ImportError) as exc:
         raise CommandError(exc) from None
     sizes: dict[str, list[int]] = {}

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 
-from ._common import add_s3_options, count, report, s3_options
+from ._common import add_s3_options, count, report, shard_options
 
 #: Pixels between tiles and around the grid.
 PAD = 4
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from ..shards.stats import LABEL_FIELDS
 
     try:
-        shards = ShardSet(args.shards, write_index=False, s3=s3_options(args))
+        shards = ShardSet(args.shards, write_index=False, **shard_options(args))
     except (OSError, ShardFormatError, ValueError, NotImplementedError, ImportError) as exc:
         report("show", exc)
         return 1

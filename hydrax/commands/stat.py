@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_s3_options, count, progress, report, s3_options, table
+from ._common import add_s3_options, count, progress, report, shard_options, table
 from .inspect import FIELD_HEADERS, field_rows
 
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..shards.stats import LABEL_FIELDS, DatasetStats
 
     try:
-        shards = ShardSet(args.shards, write_index=False, s3=s3_options(args))
+        shards = ShardSet(args.shards, write_index=False, **shard_options(args))
     except (OSError, ShardFormatError, ValueError, NotImplementedError, ImportError) as exc:
         report("stat", exc)
         return 1

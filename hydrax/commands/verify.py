@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_s3_options, count, progress, report, s3_options, table
+from ._common import add_s3_options, count, progress, report, store_options, table
 
 
 def register(shard_commands) -> None:
@@ -36,7 +36,7 @@ def register(shard_commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..shards import expand_urls
 
-    options = s3_options(args)
+    options = store_options(args)
     try:
         urls = expand_urls(args.shards, options)
     except (OSError, NotImplementedError, ValueError, ImportError) as exc:

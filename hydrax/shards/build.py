@@ -808,7 +808,7 @@ def shuffled(samples: Sequence[SourceSample], seed: int) -> list[SourceSample]:
 
 def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int = 100_000, maxsize: float = 3e9,
                  shuffle_seed: int | None = None, workers: int = 1, check_images: bool = False,
-                 skip_bad: bool = False, force: bool = False, s3_options: S3Options | None = None,
+                 skip_bad: bool = False, force: bool = False, s3_options: S3Options | StoreOptions | None = None,
                  progress: Callable[[int], Any] | None = None,
                  warn: Callable[[str], Any] | None = None) -> BuildReport:
     """Write ``samples`` into shards named by ``pattern`` (see the module docs for the output).
@@ -826,7 +826,8 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
     :param skip_bad: skip samples whose files cannot be read or decoded, with a warning, instead
         of failing.
     :param force: overwrite existing files of the pattern (by default the build refuses to start).
-    :param s3_options: endpoint, region and credentials for an ``s3://`` pattern.
+    :param s3_options: endpoint, region and credentials for an ``s3://`` pattern (or a
+        :class:`~hydrax.shards.StoreOptions` for any remote pattern).
     :param progress: called with the number of samples done, as they are done.
     :param warn: called with each warning (default :func:`warnings.warn`).
     """
