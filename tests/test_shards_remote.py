@@ -365,3 +365,34 @@ def test_a_disk_cache_lets_later_runs_skip_downloads_within_its_cap(proxied, tmp
     assert run_epochs(small, shuffle_later="shardwise") == expected
     held = sum(f.stat().st_size for f in (tmp_path / "disk").rglob("*") if f.is_file())
     assert held <= 100_000 + 100_000  # the cap, plus at most a chunk being written when the run ended
+
+
+def test_the_private_readahead_folder_goes_with_its_shardset_and_after_a_killed_process(proxied, tmp_path):
+    import gc
+    import glob as globbing
+    import signal
+    import subprocess
+    import tempfile
+
+    from hydrax.shards.readahead import private_root
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=2, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    run_epochs(dataset, shuffle_later="shardwise")
+    mine = globbing.glob(os.path.join(tempfile.gettempdir(), f"hydrax-readahead-{os.getpid()}-*"))
+    assert mine and any(os.listdir(folder) for folder in mine)  # read-ahead wrote there
+    del dataset
+    gc.collect()
+    assert not any(os.path.exists(folder) for folder in mine)
+    # A process killed outright leaves its folder; the next one made anywhere sweeps it.
+    child = subprocess.Popen([sys.executable, "-c", "import time; from hydrax.shards.readahead import private_root; "
+                              "print(private_root(), flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    left = child.stdout.readline().strip()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    assert os.path.isdir(left)
+    fresh = private_root()
+    assert not os.path.exists(left)
+    os.rmdir(fresh)
