@@ -27,7 +27,7 @@ from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .errors import WorkerError
 from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
-from .schedule import (GroupPlan, Step, TrainingStep, batch_order, item_order, local_items, local_seed,
+from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, local_seed, read_order,
                        validation_item_order)
 from .workers import PIPELINE_THREAD, WorkerPool
 
@@ -311,12 +311,7 @@ class Pipeline:
         if data is None:
             return None
         plan = self._plans[group]
-        if isinstance(step, TrainingStep) and plan.shuffle_later == "shardwise":
-            kind = "shardwise"
-        elif order is None and (not isinstance(step, TrainingStep) or batch_order(plan, epoch) is None):
-            kind = "sequential"
-        else:
-            kind = "random"
+        kind = read_order(plan, epoch, isinstance(step, TrainingStep))
         self._prefetch_seq += 1
         key = self._prefetch_seq
         try:

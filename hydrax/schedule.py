@@ -186,6 +186,17 @@ def batch_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
     return None
 
 
+def read_order(plan: GroupPlan, epoch: int, training: bool = True) -> str:
+    """How a group's batches read its items in ``epoch``, as read-ahead needs to know it:
+    ``"shardwise"``, ``"sequential"`` (items and batches in index order), or ``"random"``."""
+    if training and plan.shuffle_later == "shardwise":
+        return "shardwise"
+    order = item_order(plan, epoch) if training else validation_item_order(plan)
+    if order is None and (not training or batch_order(plan, epoch) is None):
+        return "sequential"
+    return "random"
+
+
 def batch_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:
     """Seed of item 0 of training batch ``group_index``; item k gets ``batch_seed + k``.
 

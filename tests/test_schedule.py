@@ -18,6 +18,7 @@ from hydrax.schedule import (
     iter_steps,
     normalise_start,
     permutation,
+    read_order,
     validation_item_order,
 )
 
@@ -246,3 +247,13 @@ def test_items_and_seeds_are_pure_functions_of_seed_and_epoch():
     for e in range(5):
         items = np.concatenate([batch_items(item_order(p, e), 3, b) for b in range(3)])
         assert len(set(items.tolist())) == 9  # one dropped remainder item, no repeats
+
+
+def test_read_order_tells_read_ahead_how_batches_read_their_items():
+    sharded = GroupPlan(size=8, batch_size=2, batch_count=4, seed=5, shuffle_first=False, shuffle_later="shardwise",
+                        shard_sizes=(4, 4))
+    assert read_order(sharded, 0) == "shardwise"
+    assert read_order(plan(later="itemwise"), 0) == "sequential" and read_order(plan(later="itemwise"), 1) == "random"
+    assert read_order(plan(later="batchwise"), 0) == "sequential" and read_order(plan(later="batchwise"), 1) == "random"
+    assert read_order(plan(first=True, later="repeat"), 3) == "random"
+    assert read_order(plan(first=True), 0, training=False) == "random" and read_order(plan(), 0, training=False) == "sequential"

@@ -319,7 +319,7 @@ def test_http_shards_read_like_local_ones_and_are_pinned(http_store, tmp_path):
 
 def test_gcs_shards_set_up_from_index_objects_and_load_through_workers(gcs_store, tmp_path):
     from hydrax.shards import GCSOptions
-    from hydrax.shards.catalog import build_remote_index
+    from hydrax.shards.indexfile import index_from_bytes
 
     endpoint, upload = gcs_store
     with ShardWriter(str(tmp_path / "g-%02d.tar"), maxcount=8, index=False) as writer:
@@ -333,7 +333,7 @@ def test_gcs_shards_set_up_from_index_objects_and_load_through_workers(gcs_store
     probe = ShardSet("gs://data/train/g-*.tar", gcs=options, cache_dir=str(tmp_path / "c0"))
     for shard in range(2):
         entry = probe.shard_entry(shard)
-        index = build_remote_index(Path(writer.paths[shard]).read_bytes(), entry.url, entry.size, entry.version)
+        index = index_from_bytes(Path(writer.paths[shard]).read_bytes(), entry.url, entry.size, 0, entry.version)
         upload(f"train/{os.path.basename(writer.paths[shard])}.hidx", index.to_bytes())
     dataset = ShardSet("gs://data/train/g-*.tar", gcs=options, cache_dir=str(tmp_path / "cache"))
     assert dataset.urls == [f"gs://data/train/g-{s:02d}.tar" for s in range(3)] and dataset.shard_sizes() == [8, 8, 4]

@@ -619,6 +619,20 @@ def run_checks(proxies: Proxies, moto_url: str) -> str:
                     + (f" :: {message}" if message else ""))
         return wrap
 
+    def failure_rows(get) -> dict[str, str]:
+        """What ``get`` (a client's whole-object read) does on each failure the proxy can make."""
+        found = {
+            "missing object": attempt(lambda: get("check/missing")),
+            "access denied (403)": with_fault("s3_error", 1, "AccessDenied")(lambda: get("check/obj")),
+            "truncated body": with_fault("truncate_next", 1, 1000)(lambda: get("check/obj")),
+            "reset connection": with_fault("reset_next", 1)(lambda: get("check/obj")),
+            "503 SlowDown": with_fault("s3_error", 1, "SlowDown")(lambda: get("check/obj")),
+        }
+        proxies.call("fault", "down")
+        found["server down (refused)"] = attempt(lambda: get("check/obj"))
+        proxies.call("fault", "up")
+        return found
+
     # boto3 -----------------------------------------------------------------------------------
     b = Boto3Client(url, pool=4, attempts=3)
     rows["boto3"] = {
@@ -627,15 +641,8 @@ def run_checks(proxies: Proxies, moto_url: str) -> str:
         "ranged GET + If-Match, wrong": attempt(lambda: b.get("check/obj", IfMatch=bad, Range="bytes=0-99")),
         "version pinning": attempt(lambda: b.client.get_object(Bucket="versioned", Key="obj", VersionId=v1)["Body"].read(),
                                    b"version one"),
-        "missing object": attempt(lambda: b.get("check/missing")),
-        "access denied (403)": with_fault("s3_error", 1, "AccessDenied")(lambda: b.get("check/obj")),
-        "truncated body": with_fault("truncate_next", 1, 1000)(lambda: b.get("check/obj")),
-        "reset connection": with_fault("reset_next", 1)(lambda: b.get("check/obj")),
-        "503 SlowDown": with_fault("s3_error", 1, "SlowDown")(lambda: b.get("check/obj")),
+        **failure_rows(b.get),
     }
-    proxies.call("fault", "down")
-    rows["boto3"]["server down (refused)"] = attempt(lambda: b.get("check/obj"))
-    proxies.call("fault", "up")
     b.close()
 
     # s3fs -------------------------------------------------------------------------------------
@@ -657,15 +664,8 @@ def run_checks(proxies: Proxies, moto_url: str) -> str:
         "ranged GET + If-Match, wrong": "as above (open() reads are ranged)",
         "version pinning": attempt(lambda: sv.fs.cat_file("versioned/obj", version_id=v1), b"version one")
                            + " (needs version_aware=True)",
-        "missing object": attempt(lambda: s.get("check/missing")),
-        "access denied (403)": with_fault("s3_error", 1, "AccessDenied")(lambda: s.get("check/obj")),
-        "truncated body": with_fault("truncate_next", 1, 1000)(lambda: s.get("check/obj")),
-        "reset connection": with_fault("reset_next", 1)(lambda: s.get("check/obj")),
-        "503 SlowDown": with_fault("s3_error", 1, "SlowDown")(lambda: s.get("check/obj")),
+        **failure_rows(s.get),
     }
-    proxies.call("fault", "down")
-    rows["s3fs"]["server down (refused)"] = attempt(lambda: s.get("check/obj"))
-    proxies.call("fault", "up")
 
     # obstore ----------------------------------------------------------------------------------
     from datetime import timedelta
@@ -678,15 +678,8 @@ def run_checks(proxies: Proxies, moto_url: str) -> str:
         "If-Match, wrong ETag": attempt(lambda: o.get("check/obj", if_match=bad)),
         "ranged GET + If-Match, wrong": attempt(lambda: o.get("check/obj", if_match=bad, range=(0, 100))),
         "version pinning": attempt(lambda: ov.get("obj", version=v1), b"version one"),
-        "missing object": attempt(lambda: o.get("check/missing")),
-        "access denied (403)": with_fault("s3_error", 1, "AccessDenied")(lambda: o.get("check/obj")),
-        "truncated body": with_fault("truncate_next", 1, 1000)(lambda: o.get("check/obj")),
-        "reset connection": with_fault("reset_next", 1)(lambda: o.get("check/obj")),
-        "503 SlowDown": with_fault("s3_error", 1, "SlowDown")(lambda: o.get("check/obj")),
+        **failure_rows(o.get),
     }
-    proxies.call("fault", "down")
-    rows["obstore"]["server down (refused)"] = attempt(lambda: o.get("check/obj"))
-    proxies.call("fault", "up")
     o.close()
     ov.close()
 

@@ -29,7 +29,7 @@ from typing import Sequence
 from ..errors import ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
 from .store import (REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
-                    run_async, scheme_of, store_for)
+                    pattern_folder, run_async, scheme_of, store_for)
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                                           "use local paths, s3://, gs:// or http(s)://")
             if glob.has_magic(url):
                 # One listing of the folder serves the pattern and shows the index objects too.
-                folder = url[: min(url.find(c) for c in "*?[" if c in url)].rpartition("/")[0] + "/"
+                folder = pattern_folder(url)
                 try:
                     found = store_for(url, options).list(folder)
                 except StoreError as exc:  # name the pattern the user gave
@@ -140,7 +140,27 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
                           cache_dir: str, write_index: bool) -> None:
-    # Sizes and ETags: one LIST per folder (not a HEAD per shard), a HEAD each where a store cannot list.
+    await _list_entries(entries, listed, options)
+    # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
+    # lists in one request; their indexes then load when first read. The rest read index objects.
+    summaries = sorted({e.url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME for e in entries} & set(listed))
+    counted: dict[str, ShardEntry] = {}
+    for found in await gather_limited([lambda u=u: _read_summary(u, listed[u], options) for u in summaries], SETUP_REQUESTS):
+        counted.update((e.url, e) for e in found)
+    unindexed = []
+    for entry in entries:
+        known = counted.get(entry.url)
+        if known is not None and (known.size, known.version) == (entry.size, entry.version) and known.samples is not None:
+            entry.samples = known.samples
+        else:
+            unindexed.append(entry)
+    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in unindexed], SETUP_REQUESTS)
+
+
+async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions) -> None:
+    """Give ``entries`` their sizes and versions: one LIST per folder (not a HEAD per shard; the
+    listing, added to ``listed``, also shows index objects and summaries), a HEAD each where a
+    store cannot list."""
     folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries
                       if e.url not in listed and scheme_of(e.url) in ("s3", "gs")})
     try:
@@ -158,20 +178,6 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
         if info is None:
             raise ObjectNotFoundError(f"shard {entry.url!r} does not exist; check the bucket and key", url=entry.url)
         entry.size, entry.version = info.size, info.version
-    # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
-    # lists in one request; their indexes then load when first read. The rest read index objects.
-    summaries = sorted({e.url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME for e in entries} & set(listed))
-    counted: dict[str, ShardEntry] = {}
-    for found in await gather_limited([lambda u=u: _read_summary(u, listed[u], options) for u in summaries], SETUP_REQUESTS):
-        counted.update((e.url, e) for e in found)
-    unindexed = []
-    for entry in entries:
-        known = counted.get(entry.url)
-        if known is not None and (known.size, known.version) == (entry.size, entry.version) and known.samples is not None:
-            entry.samples = known.samples
-        else:
-            unindexed.append(entry)
-    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in unindexed], SETUP_REQUESTS)
 
 
 async def _read_summary(url: str, info: ObjectInfo, options: StoreOptions) -> list[ShardEntry]:
@@ -228,23 +234,25 @@ async def _index_entry(entry: ShardEntry, listed: dict[str, ObjectInfo], options
         beside = listed.get(entry.url + INDEX_SUFFIX)
         if beside is None and scheme_of(entry.url) not in ("s3", "gs"):
             beside = ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)  # cannot list: try it
-        index = None
-        if beside is not None:
-            try:
-                data = await store.read_async(beside.url, version=beside.version)
-                index = ShardIndex.from_bytes(data, beside.url)
-            except ObjectNotFoundError:
-                index = None
-            except ShardFormatError as exc:
-                log.warning("ignoring a damaged index object (building the index afresh): %s", exc)
-                index = None
-            if index is not None and (index.shard_size, index.etag) != (entry.size, entry.version):
-                index = None  # written for an earlier version of the shard: build afresh
+        index = await _index_from_object(entry, beside, store) if beside is not None else None
         if index is None:
             index = await _build_async(entry, store)
         _keep(index, entry, cache_dir, write_index)
         entry.index = index
     entry.samples = len(entry.index)
+
+
+async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> ShardIndex | None:
+    """The index object ``beside`` the shard of ``entry``, or None when it is missing, damaged or
+    was written for another version of the shard (the index is then built afresh)."""
+    try:
+        index = ShardIndex.from_bytes(await store.read_async(beside.url, version=beside.version), beside.url)
+    except ObjectNotFoundError:
+        return None
+    except ShardFormatError as exc:
+        log.warning("ignoring a damaged index object (building the index afresh): %s", exc)
+        return None
+    return index if (index.shard_size, index.etag) == (entry.size, entry.version) else None
 
 
 async def _build_async(entry: ShardEntry, store) -> ShardIndex:
@@ -258,12 +266,7 @@ async def _build_async(entry: ShardEntry, store) -> ShardIndex:
         data = await store.read_async(entry.url, version=entry.version)
     if len(data) != entry.size:
         raise ObjectChangedError(f"shard {entry.url!r}: listed with {entry.size} bytes, read {len(data)}", url=entry.url)
-    return build_remote_index(data, entry.url, entry.size, entry.version)
-
-
-def build_remote_index(data, url: str, size: int, version: str | None) -> ShardIndex:
-    """The index of a remote shard from its bytes, tied to its size and version."""
-    return index_from_bytes(data, url, size, 0, version)
+    return index_from_bytes(data, entry.url, entry.size, 0, entry.version)
 
 
 def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
@@ -393,28 +396,14 @@ def publish_indexes(urls, options: StoreOptions | None = None, *, force: bool = 
 
 
 async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions, force: bool, on_done) -> None:
-    folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries if e.url not in listed and scheme_of(e.url) in ("s3", "gs")})
-    for found in await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS):
-        listed.update((info.url, info) for info in found)
-    missing = [e for e in entries if e.url not in listed]
-    for info in await gather_limited([lambda e=e: store_for(e.url, options).stat_async(e.url) for e in missing], SETUP_REQUESTS):
-        listed[info.url] = info
+    await _list_entries(entries, listed, options)
 
     async def one(entry: ShardEntry) -> None:
         import asyncio
 
-        info = listed[entry.url]
-        entry.size, entry.version = info.size, info.version
         store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
-        index = None
-        if beside is not None and not force:
-            try:
-                index = ShardIndex.from_bytes(await store.read_async(beside.url), beside.url)
-            except (ObjectNotFoundError, ShardFormatError):
-                index = None
-            if index is not None and (index.shard_size, index.etag) != (entry.size, entry.version):
-                index = None
+        index = await _index_from_object(entry, beside, store) if beside is not None and not force else None
         if index is None:
             index = await _build_async(entry, store)
             await asyncio.to_thread(store.write, entry.url + INDEX_SUFFIX, index.to_bytes())

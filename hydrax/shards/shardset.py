@@ -64,11 +64,14 @@ class ShardSet(Sequence["SampleRef"]):
         self._entries: list[ShardEntry] = resolve(urls, self.options, self.cache_dir, write_index)
         self.urls = [e.url for e in self._entries]
         self._remote = [is_remote(url) for url in self.urls]
+        self._remote_mask = np.asarray(self._remote, bool)
         self._starts = np.cumsum([0] + [e.samples for e in self._entries], dtype=np.int64)
         self._root: str | None = None
         if any(self._remote) and self.readahead.enabled:
-            self._root = self.readahead.cache_dir and os.path.join(self.readahead.cache_dir, "data") or private_root()
-            if self.readahead.cache_dir is None:
+            if self.readahead.cache_dir is not None:
+                self._root = os.path.join(self.readahead.cache_dir, "data")
+            else:
+                self._root = private_root()
                 finalizer(self, self._root)
         self._init_process_state()
 
@@ -187,7 +190,7 @@ class ShardSet(Sequence["SampleRef"]):
         if self._root is None:
             return
         shards, samples = self.locate(indices)
-        remote = np.asarray(self._remote)[shards]
+        remote = self._remote_mask[shards]
         if not remote.any():
             return
         if self._fetcher is None:

@@ -129,6 +129,12 @@ def local_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
+def pattern_folder(pattern: str) -> str:
+    """The folder (ending in ``/``) whose listing holds every match of the shell pattern ``pattern``."""
+    cut = min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))
+    return pattern[:cut].rpartition("/")[0] + "/"
+
+
 class Store:
     """The operations hydrax needs from a place shards live; see the module docstring."""
 
@@ -143,8 +149,7 @@ class Store:
 
     def glob(self, pattern: str) -> list[ObjectInfo]:
         """Objects matching the shell pattern ``pattern`` (``*``, ``?``, ``[...]``), sorted."""
-        cut = min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))
-        return [info for info in self.list(pattern[:cut]) if fnmatch.fnmatchcase(info.url, pattern)]
+        return [info for info in self.list(pattern_folder(pattern)) if fnmatch.fnmatchcase(info.url, pattern)]
 
     def read(self, url: str, offset: int = 0, size: int | None = None, *, version: str | None = None):
         """``size`` bytes of ``url`` from ``offset`` (to the end when None), as a bytes-like object."""
