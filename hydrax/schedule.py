@@ -34,17 +34,22 @@ class GroupPlan:
     #: ``shardwise`` only: samples per shard, and how many consecutive shards mix their items.
     shard_sizes: tuple[int, ...] = ()
     shard_window: int = 4
-    #: The share of every batch this process loads: positions ``[share_first, share_first +
-    #: local_batch_size)`` (see :func:`host_positions`); ``share_size`` 0 means the whole batch.
-    share_first: int = 0
-    share_size: int = 0
+    #: The share of every batch this process loads, as ``(start, stop)`` ranges of positions in
+    #: the global batch, ascending and disjoint (see :func:`host_positions` and
+    #: :func:`share_ranges`); empty means the whole batch.
+    share: tuple[tuple[int, int], ...] = ()
     #: ``shardwise`` only: canonical partitions of every global batch (see :func:`shardwise_order`).
     shard_partitions: int = 1
 
     @property
     def local_batch_size(self) -> int:
         """Items this process loads of every batch."""
-        return self.share_size or self.batch_size
+        return sum(stop - start for start, stop in self.share) if self.share else self.batch_size
+
+    @property
+    def share_first(self) -> int:
+        """The global position of the first item this process loads."""
+        return self.share[0][0] if self.share else 0
 
 
 @lru_cache(maxsize=64)
@@ -227,7 +232,39 @@ def host_positions(batch_size: int, process_index: int, process_count: int) -> r
 def host_share(plan: GroupPlan, process_index: int, process_count: int) -> GroupPlan:
     """``plan`` for process ``process_index`` of ``process_count``: it loads its share of every batch."""
     positions = host_positions(plan.batch_size, process_index, process_count)
-    return replace(plan, share_first=positions.start, share_size=len(positions))
+    return share_ranges(plan, [(positions.start, positions.stop)])
+
+
+def share_ranges(plan: GroupPlan, ranges: Sequence[tuple[int, int]]) -> GroupPlan:
+    """``plan`` for a process that loads the positions in ``ranges`` of every global batch.
+
+    The ranges are sorted and touching ones merged; together they must be a non-empty part of
+    ``[0, batch_size)``. A process whose devices hold non-adjacent blocks of the batch (a mesh
+    that interleaves the hosts) loads several ranges.
+    """
+    merged: list[list[int]] = []
+    for start, stop in sorted((int(a), int(b)) for a, b in ranges):
+        if not 0 <= start < stop <= plan.batch_size:
+            raise ValueError(f"share range [{start}, {stop}) is not a non-empty part of a batch of {plan.batch_size}")
+        if merged and start < merged[-1][1]:
+            raise ValueError(f"share ranges overlap at position {start}")
+        if merged and start == merged[-1][1]:
+            merged[-1][1] = stop
+        else:
+            merged.append([start, stop])
+    if not merged:
+        raise ValueError("a share needs at least one range of positions")
+    share = tuple((a, b) for a, b in merged)
+    return replace(plan, share=() if share == ((0, plan.batch_size),) else share)
+
+
+def share_positions(plan: GroupPlan) -> Sequence[int]:
+    """The global batch position of each item this process loads, in local order."""
+    if not plan.share:
+        return range(plan.batch_size)
+    if len(plan.share) == 1:
+        return range(*plan.share[0])
+    return [p for start, stop in plan.share for p in range(start, stop)]
 
 
 def host_shards(plan: GroupPlan, epoch: int, process_index: int, process_count: int) -> dict[int, int]:
@@ -261,16 +298,22 @@ def batch_items(order: np.ndarray | None, batch_size: int, group_index: int, fir
 
 def local_items(plan: GroupPlan, order: np.ndarray | None, group_index: int) -> Sequence[int]:
     """The item indices of this process's share of batch ``group_index`` under the item ``order``."""
-    return batch_items(order, plan.batch_size, group_index, plan.share_first, plan.local_batch_size)
+    if len(plan.share) <= 1:
+        return batch_items(order, plan.batch_size, group_index, plan.share_first, plan.local_batch_size)
+    items: list[int] = []
+    for start, stop in plan.share:
+        items.extend(batch_items(order, plan.batch_size, group_index, start, stop - start))
+    return items
 
 
-def local_seed(plan: GroupPlan, epoch: int, group_index: int) -> int:
-    """Seed of item 0 of this process's share of a training batch: its global position's seed.
-
-    Item ``k`` of the share gets ``local_seed + k``, the seed it has in the global batch, so the
-    seeds do not depend on the number of processes.
-    """
-    return batch_seed(plan, epoch, group_index) + plan.share_first
+def local_seeds(plan: GroupPlan, epoch: int, group_index: int) -> Sequence[int]:
+    """The seed of every item of this process's share of a training batch: the seed its global
+    position has, so the seeds do not depend on the number of processes or on the mesh."""
+    first = batch_seed(plan, epoch, group_index)
+    positions = share_positions(plan)
+    if isinstance(positions, range):
+        return range(first + positions.start, first + positions.stop)
+    return [first + p for p in positions]
 
 
 class TrainingStep(NamedTuple):
@@ -370,8 +413,16 @@ def iter_steps(plan: Plan) -> Iterator[Step]:
     """Yield the batches of a run in schedule order (forever when the plan has no end).
 
     Batches before ``plan.start`` are walked "virtually" so numbering, permutations and seeds are
-    those of an uninterrupted run; validation is suppressed while skipping, except that a resume
-    point sitting on a batch-mode validation boundary runs that validation first (as 0.2.2 does).
+    those of an uninterrupted run. A validation run belongs to the run that trained the batch or
+    epoch it follows, so that a run stopped by ``end_at`` and resumed from the matching
+    ``start_at`` validates exactly as often, and at the same points, as an uninterrupted run:
+
+    - it comes after the ``interval``-th training batch or epoch, as in hydrax 0.2.2, and before
+      the end point is checked, so a run that stops on a boundary still validates there;
+    - a run stopped by a batch end point at an epoch end still runs that epoch's validation
+      (0.2.2 lost it: the resumed run starts with the next epoch);
+    - a resumed run never starts with the validation of a boundary it resumes on (0.2.2 ran it
+      again there, in batch mode).
     """
     bpe = plan.batches_per_epoch
     last = plan.last_batch
@@ -394,22 +445,30 @@ def iter_steps(plan: Plan) -> Iterator[Step]:
                 validation_batch_num += 1
         validation_run += 1
 
+    def epoch_validation_due(completed_epochs: int) -> bool:
+        return plan.validation_mode == "epoch" and completed_epochs % plan.validation_interval == 0
+
     while True:
         orders = [batch_order(g, epoch) for g in plan.training]
+        trained = False  # whether this run trained the batch just passed
         for epoch_batch, (g, cursor) in enumerate(sequence):
             if seek > 0:
                 seek -= 1
+                trained = False
             else:
                 order = orders[g]
                 group_index = cursor if order is None else int(order[cursor])
                 yield TrainingStep(batch, epoch, epoch_batch, g, group_index)
+                trained = True
             batch += 1
-            if seek == 0 and plan.validation_mode == "batch" and batch % plan.validation_interval == 0:
+            if trained and plan.validation_mode == "batch" and batch % plan.validation_interval == 0:
                 yield from validation()
             if last is not None and plan.end[0] == "batch" and batch >= last:
+                if trained and batch % bpe == 0 and epoch_validation_due(batch // bpe):
+                    yield from validation()
                 return
         epoch += 1
-        if seek == 0 and plan.validation_mode == "epoch" and epoch % plan.validation_interval == 0:
+        if trained and epoch_validation_due(epoch):
             yield from validation()
         if end_epoch is not None and epoch >= end_epoch:
             return

@@ -163,11 +163,49 @@ def test_batch_mode_validation_every_interval_and_at_the_end_point():
     assert kinds == [0, 1, 2, "V", 3, 4, 5, "V"]
 
 
-def test_resume_on_a_batch_mode_boundary_validates_first():
+def test_resume_on_a_batch_mode_boundary_does_not_validate_again():
+    # 0.2.2 ran the boundary's validation first here, although the run that stopped at batch 3
+    # had already run it.
     steps = list(iter_steps(Plan(training=(plan(),), validation=(plan(n=2, bs=2),), validation_mode="batch", validation_interval=3, start=(0, 3), end=("batch", 7))))
     kinds = ["V" if isinstance(s, ValidationStep) else s.batch_num for s in steps]
-    assert kinds == ["V", 3, 4, 5, "V", 6]
-    assert steps[0].validation_epoch == 0 and steps[0].validation_batch_num == 0
+    assert kinds == [3, 4, 5, "V", 6]
+    assert steps[3].validation_epoch == 0 and steps[3].validation_batch_num == 0
+
+
+def test_a_batch_end_point_at_an_epoch_end_runs_that_epochs_validation():
+    # 0.2.2 stopped before it, and the resumed run starts with the next epoch: it was lost.
+    steps = list(iter_steps(Plan(training=(plan(),), validation=(plan(n=2, bs=2),), validation_mode="epoch", validation_interval=1, end=("batch", 8))))
+    kinds = ["V" if isinstance(s, ValidationStep) else s.batch_num for s in steps]
+    assert kinds == [0, 1, 2, 3, "V", 4, 5, 6, 7, "V"]
+
+
+def _events(steps):
+    """Training batches by number, and each validation run as ("V", the batch number it follows)."""
+    events, last = [], None
+    for s in steps:
+        if isinstance(s, TrainingStep):
+            events.append(s.batch_num)
+            last = s.batch_num
+        elif s.validation_epoch_batch == 0:
+            events.append(("V", last))
+    return events
+
+
+@pytest.mark.parametrize("mode,interval", [("batch", 1), ("batch", 3), ("epoch", 1), ("epoch", 2)])
+def test_validation_runs_exactly_once_across_any_stop_and_resume(mode, interval):
+    groups = (plan(n=8, bs=2), plan(n=6, bs=2, later="batchwise"))  # 7 batches per epoch
+    validation = (plan(n=4, bs=2),)
+    base = dict(training=groups, validation=validation, validation_mode=mode, validation_interval=interval)
+    whole = _events(iter_steps(Plan(**base, end=("epoch", 4))))
+    bpe = Plan(**base).batches_per_epoch
+    stops = [("batch", n) for n in range(1, 4 * bpe)] + [("epoch", e) for e in range(1, 4)]
+    for kind, n in stops:
+        first = _events(iter_steps(Plan(**base, end=(kind, n))))
+        stop = n if kind == "batch" else n * bpe
+        resumed = _events(iter_steps(Plan(**base, start=normalise_start((0, stop), bpe), end=("epoch", 4))))
+        # a resumed run's first validation follows a batch of the earlier run
+        resumed = [("V", stop - 1) if e == ("V", None) else e for e in resumed]
+        assert first + resumed == whole, (kind, n)
 
 
 def test_resume_at_an_epoch_start_does_not_repeat_the_previous_validation():
