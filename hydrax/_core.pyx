@@ -47,6 +47,7 @@ cdef class ArenaMap:
 
     cdef char* base
     cdef readonly Py_ssize_t size
+    cdef object before_unmap
 
     def __cinit__(self, int fd, Py_ssize_t size):
         if size <= 0:
@@ -57,8 +58,22 @@ cdef class ArenaMap:
         self.base = <char*>ptr
         self.size = size
 
+    def call_before_unmap(self, callback):
+        """Call ``callback()`` just before the memory is unmapped, once nothing uses it any more.
+
+        That is the moment a registration with a device driver (page locking) must end: no view
+        of the memory, and so no transfer from it, is left.
+        """
+        self.before_unmap = callback
+
     def __dealloc__(self):
         if self.base != NULL:
+            if self.before_unmap is not None:
+                try:
+                    self.before_unmap()
+                except BaseException:
+                    pass  # nothing can be raised from here; the memory goes all the same
+                self.before_unmap = None
             munmap(self.base, <size_t>self.size)
             self.base = NULL
 

@@ -95,6 +95,27 @@ class Arena:
         self._free: deque[int] = deque(range(depth))
         self.on_release = on_release
         self._closed = False
+        self._pin = None
+
+    def pin(self, device_ordinal: int = 0) -> bool:
+        """Page-lock the whole arena with the CUDA driver, so transfers to a GPU read it directly.
+
+        Once per run, from the process that transfers; False (and nothing changed) where that is
+        not possible (see :mod:`hydrax.pinning`). The registration ends when the mapping goes,
+        after the last view of it (and so the last transfer from it) is gone.
+        """
+        from .pinning import pin_host_memory
+
+        if self._pin is None:
+            self._pin = pin_host_memory(self.map.address, self.size, device_ordinal)
+            if self._pin is not None:
+                self.map.call_before_unmap(self._pin.release)
+        return self._pin is not None
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the arena is page-locked for GPU transfers (see :meth:`pin`)."""
+        return self._pin is not None and not self._pin.released
 
     def spec(self) -> ArenaSpec:
         """The picklable description of the arena's layout."""
@@ -156,7 +177,9 @@ class Arena:
             self.map.write_int64(status_line(w) + STOP_WORD, 1)
 
     def close(self) -> None:
-        """Stop handing out slots. The mapping itself goes when the last view of it does."""
+        """Stop handing out slots. The mapping itself goes when the last view of it does (and
+        with it any page locking), however long the run's objects live on."""
         self._closed = True
         self._free.clear()
         self.close_fd()
+        self.map = None

@@ -12,13 +12,18 @@ import pytest
 from hydrax import _core
 
 
+def _mapping(size=1 << 16):
+    fd = os.memfd_create("hydrax-test", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    try:
+        return _core.ArenaMap(fd, size)
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def arena():
-    fd = os.memfd_create("hydrax-test", os.MFD_CLOEXEC)
-    os.ftruncate(fd, 1 << 16)
-    mapping = _core.ArenaMap(fd, 1 << 16)
-    os.close(fd)
-    return mapping
+    return _mapping()
 
 
 def test_arena_is_page_aligned_shared_and_stays_mapped_while_viewed(arena):
@@ -43,6 +48,32 @@ def test_arena_memory_is_shared_with_a_child_process(arena):
         os._exit(0)
     os.waitpid(pid, 0)
     assert arena.read_int64(0) == 1234
+
+
+def test_the_unmap_hook_runs_once_after_the_last_view_is_gone():
+    arena = _mapping()  # not the fixture: pytest holds fixtures until the test ends
+    calls = []
+    address = arena.address
+    arena.call_before_unmap(lambda: calls.append(address))
+    view = np.frombuffer(arena, dtype=np.uint8)
+    del arena
+    gc.collect()
+    assert calls == []  # a view still uses the memory
+    view[0] = 1
+    del view
+    gc.collect()
+    assert calls == [address]
+
+
+def test_an_unmap_hook_that_raises_does_not_keep_the_memory():
+    arena = _mapping()
+
+    def broken():
+        raise RuntimeError("driver gone")
+
+    arena.call_before_unmap(broken)
+    del arena
+    gc.collect()  # no exception escapes a deallocation
 
 
 def test_bad_mapping_raises_oserror():

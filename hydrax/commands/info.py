@@ -1,4 +1,4 @@
-"""``hydrax info``: versions, the JAX backend, and how loader workers would start."""
+"""``hydrax info``: versions, the JAX backend, how loader workers would start, and GPU pinning."""
 
 from __future__ import annotations
 
@@ -31,4 +31,9 @@ def run(_args: argparse.Namespace) -> int:
     forced = os.environ.get("HYDRAX_START_METHOD")
     print(f"workers start by: {before_jax} before JAX initialises, {start_method()} after" + (f" (forced by HYDRAX_START_METHOD={forced})" if forced else ""))
     print(f"shared memory: memfd ({'supported' if hasattr(os, 'memfd_create') else 'NOT supported'})")
+    from ..pinning import cuda_driver_available
+
+    pinning = "off (HYDRAX_PIN_MEMORY=0)" if os.environ.get("HYDRAX_PIN_MEMORY") == "0" else (
+        "available (CUDA driver found)" if cuda_driver_available() else "not available (no CUDA driver or device)")
+    print(f"page-locked slots for GPU transfers: {pinning}")
     return 0
