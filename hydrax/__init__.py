@@ -6,7 +6,7 @@ program needs; the API is a drop-in for hydrax 0.2.2.
 
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .debug import debug_batch_references
-from .errors import BatchTimeoutError, WorkerError
+from .errors import BatchFailedError, BatchTimeoutError, WorkerError
 from .group import ArrayLayout, ArraySpec, DataGroup
 from .loader import Dataloader, is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc

@@ -152,14 +152,14 @@ class Batch(ABC, Generic[D]):
 class TrainingBatch(Batch[D]):
     """A batch of training data. Do not derive from or instantiate this class."""
 
-    __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seed")
+    __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seeds")
 
-    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, epoch: int, epoch_batch: int, batch_num: int, seed: int) -> None:
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, epoch: int, epoch_batch: int, batch_num: int, seeds: Sequence[int]) -> None:
         super().__init__(group, group_index, indices, arrays, additional, layouts)
         self._epoch = epoch
         self._epoch_batch = epoch_batch
         self._batch_num = batch_num
-        self._seed = seed
+        self._seeds = seeds
 
     @property
     def is_training(self) -> bool:
@@ -182,13 +182,14 @@ class TrainingBatch(Batch[D]):
 
     @property
     def seed(self) -> int:
-        """The seed of item 0; item k was loaded with ``seed + k``."""
-        return self._seed
+        """The seed of item 0; item k was loaded with ``seed + k`` (``seeds[k]`` when this
+        process loads non-adjacent blocks of a global batch, see ``Dataloader(sharding=...)``)."""
+        return self._seeds[0]
 
     @property
-    def seeds(self) -> range:
-        """The seed of every item."""
-        return range(self._seed, self._seed + len(self))
+    def seeds(self) -> Sequence[int]:
+        """The seed of every item (a ``range``, unless this process loads non-adjacent blocks)."""
+        return self._seeds
 
     def __repr__(self) -> str:
         return f"<TrainingBatch epoch={self._epoch} epoch_batch={self._epoch_batch} batch_num={self._batch_num}>"

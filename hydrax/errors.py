@@ -25,6 +25,30 @@ class WorkerError(KeyboardInterrupt):
     """
 
 
+class BatchFailedError(HydraxError, RuntimeError):
+    """A batch of a run that must not drop batches could not be loaded or placed.
+
+    Runs that split batches over several processes, or that build global arrays with
+    ``sharding``, never drop a batch: a lost share would pair one process's step with another's
+    next step. So every process raises this at the same batch. ``batch`` describes it
+    (``"batch 12 (epoch 0)"``), ``process_index`` is the process that failed, and ``reason`` is
+    what went wrong there; on that process the original exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, batch: str = "", process_index: int = 0, reason: str = "") -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.process_index = process_index
+        self.reason = reason
+
+    def __reduce__(self):
+        return (_rebuild_batch_failed, (str(self), self.batch, self.process_index, self.reason))
+
+
+def _rebuild_batch_failed(message, batch, process_index, reason):
+    return BatchFailedError(message, batch=batch, process_index=process_index, reason=reason)
+
+
 class LocatedError(HydraxError):
     """An error about a place in a file or object: ``url`` names it, ``offset`` the byte offset
     when known (None otherwise)."""

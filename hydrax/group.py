@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from os import PathLike
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -70,6 +71,63 @@ def compute_layouts(batch_size: int, specs: Mapping[str, ArraySpec]) -> tuple[di
         layouts[name] = (full_shape, dtype, jax_dtype, offset, count)
         end = offset + count * dtype.itemsize
     return layouts, end
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where one process's share of a group's batch lives in a slot.
+
+    The share's rows come in ``blocks`` (row counts, in local order): one block normally, and one
+    per device block when the batch is placed with a sharding, so that every device's rows start
+    on a 64-byte boundary and the device can alias them. Each array holds its blocks one after
+    the other, in ``block_offsets[name]`` (bytes from the slot start), padded to 64 bytes only
+    before the blocks where one of that array's devices starts, and only where the bytes before
+    are not a multiple of 64.
+    """
+
+    #: The arrays as hydrax 0.2.2 describes them: the share's full shape and its first block's offset.
+    arrays: MappingProxyType[str, ArrayLayout]
+    blocks: tuple[int, ...]
+    block_offsets: MappingProxyType[str, tuple[int, ...]]
+    #: Bytes of the slot the share needs.
+    size: int
+
+    @property
+    def contiguous(self) -> bool:
+        """True when every array's blocks follow each other without padding (one array view each)."""
+        for name, (shape, dtype, _jax, offset, _count) in self.arrays.items():
+            row = dtype.itemsize * int(np.prod(shape[1:]))
+            starts = np.cumsum((0, *self.blocks[:-1])) * row + offset
+            if tuple(int(x) for x in starts) != self.block_offsets[name]:
+                return False
+        return True
+
+
+def slot_layout(blocks: Sequence[int], specs: Mapping[str, ArraySpec], starts: Mapping[str, Iterable[int]] | None = None) -> SlotLayout:
+    """The slot layout of a share of ``sum(blocks)`` rows in ``blocks`` of rows (see :class:`SlotLayout`).
+
+    ``starts[name]`` lists the blocks where a device's rows of that array start (default: every
+    block); only those are aligned. With one block this is :func:`compute_layouts`.
+    """
+    blocks = tuple(int(b) for b in blocks)
+    if not blocks or min(blocks) < 1:
+        raise ValueError(f"blocks must be positive row counts, got {blocks}")
+    layouts, end = compute_layouts(sum(blocks), specs)
+    if len(blocks) == 1:
+        return SlotLayout(MappingProxyType(layouts), blocks, MappingProxyType({n: (lay[3],) for n, lay in layouts.items()}), end)
+    arrays, offsets, end = {}, {}, 0
+    for name, (shape, dtype, jax_dtype, _offset, count) in layouts.items():
+        row = dtype.itemsize * int(np.prod(shape[1:]))
+        aligned = set(range(len(blocks))) if starts is None else {0, *starts[name]}
+        places = []
+        for b, rows in enumerate(blocks):
+            if b in aligned:
+                end = align_up(end)
+            places.append(end)
+            end += rows * row
+        arrays[name] = (shape, dtype, jax_dtype, places[0], count)
+        offsets[name] = tuple(places)
+    return SlotLayout(MappingProxyType(arrays), blocks, MappingProxyType(offsets), end)
 
 
 class DataGroup(Sequence[D], Generic[D]):
@@ -250,12 +308,13 @@ class DataGroup(Sequence[D], Generic[D]):
         """(hydrax extension) Canonical partitions of a ``"shardwise"`` group's shards (1: none)."""
         return self._shard_partitions
 
-    def _share_layouts(self, items: int) -> tuple[MappingProxyType[str, ArrayLayout], int]:
-        """Layouts and bytes of ``items`` items of a batch: one process's share of it."""
-        if items == self._batch_size:
-            return self._loader_layouts, self._loader_size
-        layouts, size = compute_layouts(items, self._loader_arrays)
-        return MappingProxyType(layouts), size
+    def _slot_layout(self, blocks: Sequence[int], starts: Mapping[str, Iterable[int]] | None = None) -> SlotLayout:
+        """The slot layout of one process's share of a batch, in ``blocks`` of rows (see :func:`slot_layout`)."""
+        layout = slot_layout(blocks, self._loader_arrays, starts)
+        if layout.arrays == self._loader_layouts:
+            # the same object, so that ``batch.layouts is group.loader_layouts`` as in 0.2.2
+            layout = SlotLayout(self._loader_layouts, layout.blocks, layout.block_offsets, layout.size)
+        return layout
 
     def _plan(self) -> GroupPlan:
         return GroupPlan(

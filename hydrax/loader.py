@@ -21,11 +21,13 @@ from typing import Any, Callable, Generic, TypeVar
 
 from .arena import Arena
 from .batch import Batch
-from .errors import BatchTimeoutError
+from .errors import BatchFailedError, BatchTimeoutError
 from .group import DataGroup
+from .hosts import HostAgreement, distributed_client
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
-from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start
+from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start, share_ranges
+from .sharding import GroupSharding, as_shardings, plan_group
 from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, jax_backend_live, start_method, warm_forkserver
 
 D = TypeVar("D")
@@ -136,7 +138,8 @@ class Dataloader(Generic[D]):
         memory to JAX without a copy while a slot stays free for loading. None (default) and True
         allow it; False always copies. See :attr:`transfer_stats`.
     :param process_index: (hydrax extension) with ``process_count``: this process loads share
-        ``process_index`` of ``process_count`` equal, contiguous shares of every batch. A group's
+        ``process_index`` of ``process_count`` equal, contiguous shares of every batch (with
+        ``sharding``, the rows its devices hold instead). A group's
         ``batch_size`` is then the global batch size, and each process gets ``batch_size //
         process_count`` items per batch, with the item indices and seeds those items have in the
         global batch, so the global sequence is the same for any process count and every process
@@ -144,6 +147,17 @@ class Dataloader(Generic[D]):
         ``process_count()`` when a JAX backend is live or ``jax.distributed`` is initialised, else
         to a single process.
     :param process_count: see ``process_index``.
+    :param sharding: (hydrax extension) a :class:`jax.sharding.Sharding` (or a dict of them by
+        array name) for global arrays: ``batch.arrays[name]`` is then one ``jax.Array`` of the
+        group's full ``batch_size``, laid out over the sharding's devices, on every process. Each
+        process loads only the rows its own devices hold (from the sharding's device map, so any
+        mesh order works), every device's rows start on a 64-byte boundary of the slot, and on
+        the CPU backend each device's shard aliases the slot (copies instead when the loop keeps
+        batches, as above). Every batch size must divide evenly over the sharding. Not with
+        ``placement_func``; ``process_index`` and ``process_count`` come from JAX.
+        Runs with ``sharding`` or with several processes never drop a batch: a failed batch
+        raises :class:`hydrax.BatchFailedError`, on every process (see the "Multiple devices and
+        hosts" guide).
     """
 
     def __init__(
@@ -166,6 +180,7 @@ class Dataloader(Generic[D]):
         zero_copy: bool | None = None,
         process_index: int | None = None,
         process_count: int | None = None,
+        sharding: Any = None,
     ) -> None:
         if type(self) is not Dataloader:
             warnings.warn(f"{type(self).__name__} derives from hydrax.Dataloader. This is not supported.", SyntaxWarning, stacklevel=2)
@@ -220,6 +235,26 @@ class Dataloader(Generic[D]):
             raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
         self._zero_copy = zero_copy
         self._process_index, self._process_count = _process_split(process_index, process_count)
+        self._sharding = sharding
+        if sharding is not None:
+            if placement_func is not None:
+                raise ValueError("pass sharding or placement_func, not both: with a sharding hydrax places the global arrays itself")
+            import jax
+
+            if (self._process_index, self._process_count) != (jax.process_index(), jax.process_count()):
+                raise ValueError(
+                    f"with a sharding, process_index and process_count are JAX's ({jax.process_index()} of "
+                    f"{jax.process_count()}), not {self._process_index} of {self._process_count}: leave them out"
+                )
+        if self._process_count > 1 and not self._deterministic:
+            raise ValueError(
+                f"deterministic=False cannot be used with {self._process_count} processes: each process would hand out its "
+                "share of a different batch whenever loading times differ, and a global batch would mix rows of "
+                "different steps. Leave deterministic=True (the default)"
+            )
+        # Runs whose batches span processes or devices must not lose a batch quietly.
+        self._strict = self._process_count > 1 or sharding is not None
+        self._group_shardings: list[GroupSharding | None] = []
         plans = tuple(self._share(g, "training", i) for i, g in enumerate(self._training))
         bpe = sum(p.batch_count for p in plans)
         self._plan = Plan(
@@ -244,25 +279,44 @@ class Dataloader(Generic[D]):
         self._previous_sigint: Any = _UNSET
         self._method: str | None = None
         self._stats = TransferStats()
+        self._handed = 0  # batches (and failures) taken from the pipeline, in schedule order
         if start_method() == "forkserver":
             # It imports the main module (and the loader's) in the background until __enter__.
             warm_forkserver(self._modules())
 
     def _share(self, group: DataGroup, kind: str, i: int) -> GroupPlan:
         count = self._process_count
+        what = f"{kind} group {i}"
         if group.batch_size % count:
             raise ValueError(
-                f"{kind} group {i} has batch_size {group.batch_size}, which {count} processes cannot split evenly "
+                f"{what} has batch_size {group.batch_size}, which {count} processes cannot split evenly "
                 f"(process_count={count}): make every batch size a multiple of the process count"
             )
+        if self._sharding is None:
+            self._group_shardings.append(None)
+            plan = host_share(group._plan(), self._process_index, count)
+        else:
+            item_shapes = {name: layout[0][1:] for name, layout in group.loader_layouts.items()}
+            sharded = plan_group(as_shardings(self._sharding, list(item_shapes)), group.batch_size, item_shapes, what)
+            self._group_shardings.append(sharded)
+            plan = share_ranges(group._plan(), sharded.ranges)
         partitions = group.shard_partitions
-        if kind == "training" and partitions > 1 and partitions % count:
-            raise ValueError(
-                f"training group {i} has shard_partitions={partitions}, which process_count={count} does not divide: "
-                f"each process must load whole partitions to read only its own shards; use a process count that "
-                f"divides {partitions}, or shard_partitions a multiple of {count}"
-            )
-        return host_share(group._plan(), self._process_index, count)
+        if kind == "training" and partitions > 1:
+            block = group.batch_size // partitions
+            if self._sharding is None and partitions % count:
+                raise ValueError(
+                    f"{what} has shard_partitions={partitions}, which process_count={count} does not divide: "
+                    f"each process must load whole partitions to read only its own shards; use a process count that "
+                    f"divides {partitions}, or shard_partitions a multiple of {count}"
+                )
+            if any(start % block or stop % block for start, stop in plan.share):
+                raise ValueError(
+                    f"{what} has shard_partitions={partitions}, but the sharding gives this process positions "
+                    f"{list(plan.share)} of every batch, which cut through partitions (blocks of {block} positions): "
+                    f"each process must load whole partitions to read only its own shards; use shard_partitions that "
+                    f"divide the sharding's blocks of rows"
+                )
+        return plan
 
     def _modules(self) -> list[str]:
         return [getattr(f, "__module__", None) for f in (self._loader_func, self._startup_func)]
@@ -317,9 +371,11 @@ class Dataloader(Generic[D]):
     def transfer_stats(self) -> dict[str, int]:
         """(hydrax extension) Batches and bytes by the path they took to JAX.
 
-        ``aliased``: the slot itself became the ``jax.Array`` (CPU backend, no copy);
+        ``aliased``: the slot itself became the ``jax.Array`` (CPU backend, no copy; with
+        ``sharding``, every device's shard);
         ``copied``: one copy into memory XLA owns (host memory on CPU, device memory otherwise);
-        ``custom``: placed by ``placement_func``.
+        ``custom``: placed by ``placement_func``; ``pinned``: whether the slots are page-locked
+        for GPU transfers.
         """
         stats = self._pipeline.stats if self._pipeline is not None else self._stats
         return stats.as_dict()
@@ -351,13 +407,13 @@ class Dataloader(Generic[D]):
     def _start(self) -> None:
         groups = self._training + self._validation
         plans = list(self._plan.training + self._plan.validation)
-        layouts = [g._share_layouts(p.local_batch_size) for g, p in zip(groups, plans)]
-        slot_size = max(size for _layouts, size in layouts)
-        self._arena = Arena(self._depth, slot_size, self._loader_count)
-        group_specs = [
-            GroupSpec.of(g, p, share, i < len(self._training))
-            for i, (g, p, (share, _size)) in enumerate(zip(groups, plans, layouts))
+        layouts = [
+            g._slot_layout(s.block_rows, s.device_starts) if s is not None else g._slot_layout((p.local_batch_size,))
+            for g, p, s in zip(groups, plans, self._group_shardings)
         ]
+        slot_size = max(layout.size for layout in layouts)
+        self._arena = Arena(self._depth, slot_size, self._loader_count)
+        group_specs = [GroupSpec.of(g, p, layout, i < len(self._training)) for i, (g, p, layout) in enumerate(zip(groups, plans, layouts))]
         config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec())
 
         self._method = start_method()
@@ -365,9 +421,15 @@ class Dataloader(Generic[D]):
         # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
         # and never more task records than the task pipe holds.
         chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
+        agreement = None
+        if self._process_count > 1:
+            client = distributed_client()
+            if client is not None:
+                agreement = HostAgreement(client, self._process_index, self._process_count)
         self._pipeline = Pipeline(
             iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
             self._placement_func, self._deterministic, chunks, self._zero_copy,
+            self._group_shardings, self._strict, agreement, self._process_index,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting
         try:
@@ -382,6 +444,8 @@ class Dataloader(Generic[D]):
             ) from exc
         self._arena.close_fd()
         self._pipeline.start()
+        if agreement is not None:
+            agreement.start()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
         self._running = True
@@ -403,6 +467,8 @@ class Dataloader(Generic[D]):
         self._running = False
         if self._pipeline is not None:
             self._pipeline.stop()
+            if self._pipeline.agreement is not None:
+                self._pipeline.agreement.stop()
         if self._pool is not None:
             if self._arena is not None:
                 self._arena.stop_workers(len(self._pool.processes))  # queued tasks are skipped
@@ -441,7 +507,7 @@ class Dataloader(Generic[D]):
         collect_released_buffers()  # the batch the loop just dropped frees its slot now
         while True:
             if self._abort:
-                self._fail()
+                self._fail(KeyboardInterrupt())
                 raise KeyboardInterrupt
             try:
                 item = output.get_nowait()
@@ -451,14 +517,28 @@ class Dataloader(Generic[D]):
                 self._running = False
                 raise StopIteration
             if isinstance(item, Failure):
-                self._fail()
+                self._fail(item.error)
                 raise item.error
             if self._interrupted:
                 self._end_interrupted()
+            seq = self._handed
+            self._handed += 1
             if isinstance(item, Ready):
-                item = self._pipeline.place(item)
-                if item is None:
-                    continue  # placement failed: the batch is dropped, as in 0.2.2
+                try:
+                    item = self._pipeline.place(item)
+                except Exception as exc:
+                    if not self._strict:
+                        continue  # placement failed: the batch is dropped, as in 0.2.2
+                    error = self._pipeline.failure(item.record, f"placement failed: {exc!r}")
+                    self._fail(error)
+                    raise error from exc
+            agreement = self._pipeline.agreement
+            if agreement is not None:
+                try:
+                    agreement.wait_for(seq, lambda: repr(item), self._timeout)
+                except BaseException as exc:
+                    self._fail(exc)
+                    raise
             self._first = False
             return item
 
@@ -467,7 +547,7 @@ class Dataloader(Generic[D]):
         try:
             while True:
                 if self._abort:
-                    self._fail()
+                    self._fail(KeyboardInterrupt())
                     raise KeyboardInterrupt
                 if self._interrupted:
                     self._end_interrupted()
@@ -476,11 +556,12 @@ class Dataloader(Generic[D]):
                 except queue.Empty:
                     pass
                 if time.monotonic_ns() - started >= self._timeout * 1_000_000_000:
-                    self._fail()
-                    raise BatchTimeoutError(
+                    error = BatchTimeoutError(
                         f"no batches have been produced in {self._timeout} seconds; the state of the run:\n"
                         + self._pipeline.describe_workers()
                     )
+                    self._fail(error)
+                    raise error
         finally:
             if not self._first:
                 self._idle_ns += time.monotonic_ns() - started
@@ -489,6 +570,10 @@ class Dataloader(Generic[D]):
         self._running = False
         raise StopIteration
 
-    def _fail(self) -> None:
+    def _fail(self, error: BaseException) -> None:
         self._running = False
         self._state = "failed"
+        agreement = self._pipeline.agreement if self._pipeline is not None else None
+        if agreement is not None and not isinstance(error, BatchFailedError):
+            # A batch failure was announced where it happened; anything else is news to the others.
+            agreement.fail(self._handed, f"batch {self._handed} of the run (counting validation batches)", repr(error))

@@ -19,16 +19,19 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
-from .errors import WorkerError
-from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement
-from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, local_seed, read_order,
+from .errors import BatchFailedError, WorkerError
+from .group import SlotLayout
+from .hosts import HostAgreement
+from .placement import TransferStats, collect_released_buffers, custom_placement, default_placement, sharded_placement
+from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, local_seeds, read_order,
                        validation_item_order)
+from .sharding import GroupSharding
 from .workers import PIPELINE_THREAD, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
@@ -77,6 +80,13 @@ class _InFlight:
     prefetch_key: int | None = None
 
 
+def step_words(step: Step) -> str:
+    """A batch of the schedule in words: ``"batch 7 (epoch 1)"`` or ``"validation batch 3 (run 0)"``."""
+    if isinstance(step, TrainingStep):
+        return f"batch {step.batch_num} (epoch {step.epoch})"
+    return f"validation batch {step.validation_batch_num} (run {step.validation_epoch})"
+
+
 def chunk_bounds(batch_size: int, chunks: int) -> list[tuple[int, int]]:
     """Split positions ``[0, batch_size)`` into at most ``chunks`` contiguous, near-equal ranges."""
     chunks = max(1, min(chunks, batch_size))
@@ -97,7 +107,7 @@ class Pipeline:
         steps: Iterator[Step],
         groups: list,  # DataGroups: training first, then validation
         plans: list[GroupPlan],
-        layouts: list[tuple[Mapping, int]],  # per group: this process's batch layouts and slot bytes
+        layouts: list[SlotLayout],  # per group: where this process's share of a batch lives
         training_count: int,
         arena: Arena,
         pool: WorkerPool,
@@ -105,6 +115,10 @@ class Pipeline:
         deterministic: bool,
         chunks_per_batch: int,
         zero_copy: bool | None,
+        shardings: Sequence[GroupSharding | None] = (),
+        strict: bool = False,
+        agreement: HostAgreement | None = None,
+        process_index: int = 0,
     ) -> None:
         self.output: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = TransferStats()
@@ -120,9 +134,15 @@ class Pipeline:
         self._max_chunks = chunks_per_batch
         self._item_ns: float | None = None  # a running mean of the time one item takes to load
         self._zero_copy = zero_copy
+        self._shardings = list(shardings) or [None] * len(groups)
+        # A run that splits batches over processes, or builds global arrays, never drops a batch:
+        # a failure ends it, at the same batch on every process.
+        self._strict = strict
+        self.agreement = agreement
+        self._process_index = process_index
         self._inflight: dict[int, _InFlight] = {}
         self._task_batch: dict[int, tuple[int, int, int]] = {}  # task -> (batch seq, first, end position)
-        self._finished: dict[int, Batch | Ready | None] = {}
+        self._finished: dict[int, Batch | Ready | Failure | None] = {}
         self._next_seq = 0
         self._deliver_seq = 0
         self._task_id = 0
@@ -190,6 +210,10 @@ class Pipeline:
             import jax
 
             self._cpu = jax.default_backend() == "cpu"
+            if not self._cpu and jax.default_backend() in ("gpu", "cuda"):
+                # Transfers then read the slots in place instead of through the driver's bounce
+                # buffers; where pinning is not possible, they simply stay pageable.
+                self.stats.pinned = self._arena.pin(getattr(jax.local_devices()[0], "local_hardware_id", 0) or 0)
             self._zero_copy = self._zero_copy is not False
             self.lazy = self._cpu and self._placement_func is None
             self._start_announcing()
@@ -388,13 +412,18 @@ class Pipeline:
         return True
 
     def _finish(self, record: _InFlight) -> None:
-        batch: Batch | Ready | None = None
+        batch: Batch | Ready | Failure | None = None
         if record.error is not None:
             self._arena.free_now(record.slot)
+            if self._strict:
+                batch = Failure(self.failure(record, record.error))
         elif self.lazy:
             batch = Ready(record)
         else:
-            batch = self.place(record)
+            try:
+                batch = self.place(record)
+            except Exception as exc:
+                batch = Failure(self.failure(record, f"placement failed: {exc!r}", exc)) if self._strict else None
         if not self._deterministic:
             if batch is not None:
                 self.output.put(batch)
@@ -405,43 +434,68 @@ class Pipeline:
             self._deliver_seq += 1
             if ready is not None:
                 self.output.put(ready)
+            if self.agreement is not None and not isinstance(ready, Failure):
+                self.agreement.loaded(self._deliver_seq)
 
-    def place(self, item: _InFlight | Ready) -> Batch | None:
-        """Turn a finished slot into a Batch (None: placement failed and the batch is dropped).
+    def failure(self, record: _InFlight, reason: str, cause: BaseException | None = None) -> BatchFailedError:
+        """The error that ends a strict run at ``record``'s batch; the other processes hear of it."""
+        batch = step_words(record.step)
+        if self.agreement is not None:
+            self.agreement.fail(record.seq, batch, reason)
+        error = BatchFailedError(
+            f"{batch} could not be loaded or placed on process {self._process_index}: {reason}. A run whose batches "
+            "are split over processes or placed with a sharding never drops a batch, so it stops here",
+            batch=batch, process_index=self._process_index, reason=reason,
+        )
+        error.__cause__ = cause
+        return error
+
+    def place(self, item: _InFlight | Ready) -> Batch:
+        """Turn a finished slot into a Batch; raises what placement raised (the slot is freed).
 
         Runs on the pipeline thread, or on the thread calling ``__next__`` for a :class:`Ready`.
         """
         record = item.record if isinstance(item, Ready) else item
+        # Alias only while another slot stays free for loading: a loop that keeps batches then
+        # costs copies instead of stalling the loaders.
+        may_alias = self._zero_copy and len(self._pinned) < self._arena.depth - 1
         group = self._groups[record.group]
         plan = self._plans[record.group]
-        layouts, size = self._layouts[record.group]
+        layout = self._layouts[record.group]
+        layouts, size = layout.arrays, layout.size
         additional: dict[str, list[Any]] = {}
         for position, extras in record.extras.items():
             for key, value in extras.items():
                 additional.setdefault(key, [None] * plan.local_batch_size)[position] = value
         lease = self._arena.lease(record.slot)
         try:
-            views = {
-                name: np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
-                for name, (shape, dtype, _jax, offset, count) in layouts.items()
-            }
-            try:
-                if self._placement_func is None:
-                    # Alias only while another slot stays free for loading: a loop that keeps
-                    # batches then costs copies instead of stalling the loaders.
-                    may_alias = self._zero_copy and len(self._pinned) < self._arena.depth - 1
-                    arrays, aliased = default_placement(views, layouts, self._cpu, may_alias)
-                    path = "aliased" if aliased else "copied"
-                else:
-                    arrays = custom_placement(self._placement_func, views, layouts, additional, group)
-                    path = "custom"
-            finally:
-                del views
+            sharding = self._shardings[record.group]
+            if sharding is not None:
+                slot = np.frombuffer(lease, dtype=np.uint8, count=size)
+                try:
+                    arrays, aliased = sharded_placement(slot, layout, sharding, self._cpu, may_alias)
+                finally:
+                    del slot
+                path = "aliased" if aliased else "copied"
+            else:
+                views = {
+                    name: np.frombuffer(lease, dtype=dtype, count=count, offset=offset).reshape(shape)
+                    for name, (shape, dtype, _jax, offset, count) in layouts.items()
+                }
+                try:
+                    if self._placement_func is None:
+                        arrays, aliased = default_placement(views, layouts, self._cpu, may_alias)
+                        path = "aliased" if aliased else "copied"
+                    else:
+                        arrays = custom_placement(self._placement_func, views, layouts, additional, group)
+                        path = "custom"
+                finally:
+                    del views
         except Exception:
-            print(f"[hydrax] exception while placing a batch of group {record.group}:", file=sys.stderr)
+            print(f"[hydrax] exception while placing {step_words(record.step)} of group {record.group}:", file=sys.stderr)
             traceback.print_exc()
             lease.seal()
-            return None
+            raise
         lease.seal()
         if not lease.released:
             self._pinned.add(record.slot)
@@ -451,7 +505,7 @@ class Pipeline:
             return TrainingBatch(
                 group, step.group_index, record.indices, arrays, additional, layouts,
                 epoch=step.epoch, epoch_batch=step.epoch_batch, batch_num=step.batch_num,
-                seed=local_seed(plan, step.epoch, step.group_index),
+                seeds=local_seeds(plan, step.epoch, step.group_index),
             )
         return ValidationBatch(
             group, step.group_index, record.indices, arrays, additional, layouts,
@@ -486,12 +540,7 @@ class Pipeline:
         if len(item) > 200:
             item = item[:197] + "..."
         seconds = (time.monotonic_ns() - started) / 1e9
-        step = record.step
-        if isinstance(step, TrainingStep):
-            batch = f"batch {step.batch_num} (epoch {step.epoch})"
-        else:
-            batch = f"validation batch {step.validation_batch_num} (run {step.validation_epoch})"
-        return f"item {index} ({item}) of {kind} group {group}, position {position} of {batch}, for {seconds:.1f} s"
+        return f"item {index} ({item}) of {kind} group {group}, position {position} of {step_words(record.step)}, for {seconds:.1f} s"
 
     def describe_workers(self) -> str:
         """One line per worker: alive or not, and what it is loading; and who holds the slots."""

@@ -29,6 +29,7 @@ class TransferStats:
     ``aliased``: the slot itself became the ``jax.Array`` (CPU backend, no copy at all).
     ``copied``: one copy into memory XLA owns (host memory on CPU, device memory otherwise).
     ``custom``: placed by the user's ``placement_func``.
+    ``pinned``: the slots were page-locked with the CUDA driver, so copies to a GPU read them in place.
     """
 
     aliased_batches: int = 0
@@ -37,8 +38,11 @@ class TransferStats:
     aliased_bytes: int = 0
     copied_bytes: int = 0
     custom_bytes: int = 0
+    #: Whether the slots are page-locked for GPU transfers (see :meth:`hydrax.arena.Arena.pin`).
+    pinned: bool = False
 
     def count(self, path: str, nbytes: int) -> None:
+        """Count one batch of ``nbytes`` that took ``path``."""
         setattr(self, f"{path}_batches", getattr(self, f"{path}_batches") + 1)
         setattr(self, f"{path}_bytes", getattr(self, f"{path}_bytes") + nbytes)
 
@@ -119,8 +123,12 @@ def default_placement(views: dict[str, np.ndarray], layouts, cpu: bool, may_alia
     return out, aliased
 
 
-def check_placed(result: Any, layouts) -> None:
-    """Validate what a custom ``placement_func`` returned (run under ``__debug__`` only)."""
+def check_placed(result: Any, layouts, global_batch: int | None = None) -> None:
+    """Validate what a custom ``placement_func`` returned (run under ``__debug__`` only).
+
+    Arrays have this process's shape of the batch, or (with ``global_batch``, when processes
+    split batches) the global batch's: a ``placement_func`` may build global arrays itself.
+    """
     import jax
 
     if not isinstance(result, dict):
@@ -134,8 +142,10 @@ def check_placed(result: Any, layouts) -> None:
         if not isinstance(value, jax.Array):
             raise TypeError(f"array '{name}' from placement_func is {type(value).__name__}, not a jax.Array")
         shape, _dtype, jax_dtype, _offset, _count = layouts[name]
-        if tuple(value.shape) != tuple(shape):
-            raise ValueError(f"array '{name}' from placement_func has shape {tuple(value.shape)}, expected {tuple(shape)}")
+        allowed = {tuple(shape)} | ({(global_batch, *shape[1:])} if global_batch else set())
+        if tuple(value.shape) not in allowed:
+            expected = " or ".join(str(s) for s in sorted(allowed))
+            raise ValueError(f"array '{name}' from placement_func has shape {tuple(value.shape)}, expected {expected}")
         if value.dtype != jax_dtype:
             raise ValueError(f"array '{name}' from placement_func has dtype {value.dtype}, expected {jax_dtype}")
 
@@ -144,5 +154,86 @@ def custom_placement(placement_func: PlacementFunc, views: dict[str, np.ndarray]
     """Run the user's ``placement_func`` and check what it returns."""
     result = placement_func(MappingProxyType(views), layouts, MappingProxyType(additional), group)
     if __debug__:
-        check_placed(result, layouts)
+        check_placed(result, layouts, group.batch_size)
     return result
+
+
+_batched_put: Any = None  # JAX's own per-device put, resolved on first use (False: not available)
+
+
+def _put_shards(placement, values: list, dtype) -> Any:
+    """One global ``jax.Array`` from the numpy ``values`` of ``placement.shards``, in that order.
+
+    JAX's ``batched_device_put`` (what ``device_put`` and ``make_array_from_callback`` end in)
+    takes half the time of the public route, which re-derives and re-checks every shard's index
+    per call; it is internal, so any JAX where it is missing or different gets the public one.
+    """
+    global _batched_put
+    import jax
+
+    if _batched_put is None:
+        try:
+            from jax._src import core
+            from jax._src.interpreters import pxla
+
+            def put(shape, dtype, sharding, xs, devices):
+                aval = core.ShapedArray(shape, dtype)
+                update = getattr(core, "update_aval_with_sharding", None)
+                if update is not None:
+                    aval = update(aval, sharding)
+                return pxla.batched_device_put(aval, sharding, xs, devices)
+
+            _batched_put = put
+        except ImportError:
+            _batched_put = False
+    devices = [shard.device for shard in placement.shards]
+    if _batched_put:
+        try:
+            return _batched_put(placement.global_shape, dtype, placement.sharding, values, devices)
+        except TypeError:  # another JAX's internals: use the public route from now on
+            _batched_put = False
+    from .sharding import index_key
+
+    by_index = {shard.key: value for shard, value in zip(placement.shards, values)}
+    shape = placement.global_shape
+    return jax.make_array_from_callback(shape, placement.sharding, lambda index: by_index[index_key(index, shape)], dtype=dtype)
+
+
+def sharded_placement(slot: np.ndarray, layout, sharding, cpu: bool, may_alias: bool) -> tuple[dict[str, Any], bool]:
+    """Global ``jax.Array`` s of a slot laid out for ``sharding``, and whether they alias the slot.
+
+    ``slot`` is the slot's bytes, ``layout`` its :class:`~hydrax.group.SlotLayout` and
+    ``sharding`` the group's :class:`~hydrax.sharding.GroupSharding`. Every addressable device
+    gets its own rows: on the CPU backend, with ``may_alias`` and matching dtypes, each device's
+    shard is the slot memory itself (its block starts on a 64-byte boundary); otherwise the
+    blocks are copied once into memory XLA adopts (CPU) or transferred device by device.
+    Devices that hold the same rows (a replicated array, a 2-D mesh) share one copy.
+    """
+    out: dict[str, Any] = {}
+    aliased = True
+    blocks = layout.blocks
+    for name, (shape, dtype, jax_dtype, _offset, _count) in layout.arrays.items():
+        placement = sharding.arrays[name]
+        copy = dtype != jax_dtype or (cpu and not may_alias)
+        keep = not copy
+        row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        offsets = layout.block_offsets[name]
+        spans = []
+        for first, last in placement.spans:
+            count = sum(blocks[first : last + 1])
+            if offsets[last] - offsets[first] == sum(blocks[first:last]) * row:  # no padding between
+                span = slot[offsets[first] : offsets[first] + count * row].view(dtype).reshape(count, *shape[1:])
+            else:
+                keep = False
+                span = np.concatenate([slot[offsets[b] : offsets[b] + blocks[b] * row].view(dtype).reshape(blocks[b], *shape[1:]) for b in range(first, last + 1)])
+            if copy:
+                span = aligned_copy(span, jax_dtype) if cpu else span.astype(jax_dtype)
+            spans.append(span)
+        values = []
+        for shard in placement.shards:
+            value = spans[shard.span][(slice(None), *shard.rest)] if shard.rest else spans[shard.span]
+            keep = keep and value.flags.c_contiguous
+            values.append(value)
+        out[name] = _put_shards(placement, values, jax_dtype)
+        aliased = aliased and keep
+    return out, aliased and cpu

@@ -34,7 +34,7 @@ import numpy as np
 from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .errors import ShardFormatError, StoreError
-from .schedule import GroupPlan, item_order, local_items, local_seed, validation_item_order
+from .schedule import GroupPlan, item_order, local_items, local_seeds, validation_item_order
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
@@ -49,8 +49,9 @@ PIPELINE_THREAD = "hydrax-pipeline"
 class GroupSpec:
     """A group as a worker sees it: its data, plan and array places; validation groups have no seeds.
 
-    ``arrays`` maps each name to ``(full_shape, numpy dtype, byte offset, count)``: no JAX types,
-    so a worker never has to import JAX.
+    ``arrays`` maps each name to ``(item_shape, numpy dtype, blocks)``, ``blocks`` being
+    ``(byte offset, rows)`` pairs that hold the share's rows in order (see
+    :class:`hydrax.group.SlotLayout`): no JAX types, so a worker never has to import JAX.
     """
 
     data: Sequence[Any]
@@ -59,8 +60,11 @@ class GroupSpec:
     training: bool
 
     @classmethod
-    def of(cls, group, plan: GroupPlan, layouts: Mapping, training: bool) -> GroupSpec:
-        arrays = {name: (shape, dtype, offset, count) for name, (shape, dtype, _jax, offset, count) in layouts.items()}
+    def of(cls, group, plan: GroupPlan, layout, training: bool) -> GroupSpec:
+        arrays = {
+            name: (shape[1:], dtype, tuple(zip(layout.block_offsets[name], layout.blocks)))
+            for name, (shape, dtype, _jax, _offset, _count) in layout.arrays.items()
+        }
         return cls(group.data, plan, arrays, training)
 
 
@@ -227,17 +231,21 @@ class _ItemViews:
     __slots__ = ("mappings", "views", "counts")
 
     def __init__(self, memory: _core.ArenaMap, slot_offset: int, places: dict) -> None:
-        arrays = []
-        for full_shape, dtype, offset, count in places.values():
-            arrays.append(np.frombuffer(memory, dtype=dtype, count=count, offset=slot_offset + offset).reshape(full_shape))
+        rows = []  # per array: the view of every row, over all its blocks
+        for item_shape, dtype, blocks in places.values():
+            count = int(np.prod(item_shape))
+            per_row = []
+            for offset, n in blocks:
+                block = np.frombuffer(memory, dtype=dtype, count=n * count, offset=slot_offset + offset).reshape(n, *item_shape)
+                per_row.extend(block[k, ...] for k in range(n))  # 0-d views for item_shape == ()
+            rows.append(per_row)
         names = list(places)
-        batch = arrays[0].shape[0]
         self.mappings = []
         self.views = []
-        for k in range(batch):
-            item = tuple(a[k, ...] for a in arrays)  # 0-d views for item_shape == ()
+        for item in zip(*rows):
             self.views.append(item)
             self.mappings.append(MappingProxyType(dict(zip(names, item))))
+        del rows, per_row, block  # before the baseline: only the cached views may hold a row
         self.counts = [_refcounts(item) for item in self.views]
 
     def dangling(self, k: int) -> bool:
@@ -331,7 +339,7 @@ class _Loop:
         spec = self.config.groups[group]
         plan = spec.plan
         indices = local_items(plan, self.order(group, epoch), group_index)
-        seed0 = local_seed(plan, epoch, group_index) if spec.training else None
+        seeds = local_seeds(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
         data = spec.data
@@ -342,7 +350,7 @@ class _Loop:
             _core.mark_item(memory, status, task, k)
             item = data[indices[k]]
             try:
-                result = loader(item, views.mappings[k], None if seed0 is None else seed0 + k)
+                result = loader(item, views.mappings[k], None if seeds is None else seeds[k])
                 if result is not None and __debug__:
                     result = _check_result(result)
             except BaseException as exc:
