@@ -25,7 +25,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_loader.py
 
 docs: $(STAMP)
-	$(BIN)/python -m pip install --quiet '.[docs]'
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	$(BIN)/python -m sphinx -q -b html docs docs/_build/html
 
 clean:

@@ -215,6 +215,7 @@ cdef enum:
     TAR_FULL = 5
     TAR_DUPLICATE_FIELD = 6
     TAR_FALLBACK = 7
+    TAR_ZERO_BLOCK = 8
     TAR_MEMBER = 100  # _tar_next found a regular file
     TAR_NO_MEMORY = 101
 
@@ -284,6 +285,11 @@ cdef inline bint _tar_checksum_ok(const unsigned char* p, int64_t stored) noexce
     return stored == unsigned_sum or stored == signed_sum
 
 
+cdef inline bint _tar_header_ok(const unsigned char* p) noexcept nogil:
+    cdef int64_t stored = 0
+    return _tar_number(p + 148, 8, &stored) == TAR_OK and _tar_checksum_ok(p, stored)
+
+
 cdef inline Py_ssize_t _tar_strnlen(const unsigned char* p, Py_ssize_t width) noexcept nogil:
     cdef Py_ssize_t n = 0
     while n < width and p[n] != 0:
@@ -350,7 +356,7 @@ cdef int _tar_next(TarCursor* c) noexcept nogil:
     GNU long names and pax records apply to the next entry only, so they live in this call.
     """
     cdef const unsigned char* h
-    cdef int64_t size = 0, stored = 0, long_off = -1, long_len = 0, pax_off = -1, pax_len = 0, pax_size = -1
+    cdef int64_t size = 0, long_off = -1, long_len = 0, pax_off = -1, pax_len = 0, pax_size = -1
     cdef Py_ssize_t payload, following
     cdef unsigned char kind
     cdef int status
@@ -360,8 +366,13 @@ cdef int _tar_next(TarCursor* c) noexcept nogil:
             return TAR_TRUNCATED
         h = c.base + c.pos
         if _tar_zero_block(h):
+            # The end is two zero blocks (or one at the very end of the data). One zero block
+            # with data after it is a header wiped in the middle of the shard, and stopping
+            # there would lose every member after it without a word.
+            if c.pos + 2 * TAR_BLOCK <= c.n and not _tar_zero_block(h + TAR_BLOCK):
+                return TAR_ZERO_BLOCK
             return TAR_OK
-        if _tar_number(h + 148, 8, &stored) != TAR_OK or not _tar_checksum_ok(h, stored):
+        if not _tar_header_ok(h):
             return TAR_BAD_CHECKSUM
         if _tar_number(h + 124, 12, &size) != TAR_OK:
             return TAR_BAD_NUMBER
@@ -418,7 +429,8 @@ def scan_tar(const unsigned char[::1] data, int64_t[:, ::1] out):
     replaced it). Returns ``(rows, status, offset)``: status 0 when the archive ended with its
     end-of-archive zero block, else an error code and the byte offset of the offending header
     (1 bad checksum, 2 truncated or no end-of-archive block, 3 bad number field, 4 bad pax
-    record, 5 ``out`` is full). A number field too large for any archive reads as 2**62.
+    record, 5 ``out`` is full, 8 a single zero block with data after it: a header wiped in the
+    middle of the archive, where the end would be two zero blocks). A number field too large for any archive reads as 2**62.
     """
     cdef TarCursor c
     cdef Py_ssize_t capacity = out.shape[0], rows = 0
@@ -670,7 +682,7 @@ def index_tar(const unsigned char[::1] data):
     sample. Returns ``(status, offset, fields, key_bytes, key_ends, sample_ends, entry_field,
     entry_offset, entry_size)``: the distinct fields (lower-cased bytes, in order of first use),
     then the arrays a ``ShardIndex`` holds (uint8, int64, int64, int32, int64, int64), as far as
-    grouping got. Status 0 is success; 1-4 are :func:`scan_tar`'s errors, at the offending
+    grouping got. Status 0 is success; 1-4 and 8 are :func:`scan_tar`'s errors, at the offending
     header's ``offset``; 6 a field twice in one sample, 7 a field with a non-ASCII byte (left to
     the Python rules), both at that member's payload ``offset``. Grouping stops at the first 6
     or 7 but the scan goes on, so a header error anywhere takes precedence, as it does for

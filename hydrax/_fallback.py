@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 BLOCK = 512
-OK, BAD_CHECKSUM, TRUNCATED, BAD_NUMBER, BAD_PAX, FULL, DUPLICATE_FIELD, FALLBACK = range(8)
+OK, BAD_CHECKSUM, TRUNCATED, BAD_NUMBER, BAD_PAX, FULL, DUPLICATE_FIELD, FALLBACK, ZERO_BLOCK = range(9)
 #: What a number too large for any archive reads as (the kernel saturates instead of wrapping).
 HUGE = 1 << 62
 
@@ -39,6 +39,11 @@ def _checksum_ok(header: bytes, stored: int) -> bool:
     unsigned = sum(blanked)
     signed = sum(b - 256 if b > 127 else b for b in blanked)
     return stored in (unsigned, signed)
+
+
+def _header_ok(header: bytes) -> bool:
+    stored = _number(header[148:156])
+    return stored is not None and _checksum_ok(header, stored)
 
 
 def _pax(record_bytes: bytes, base: int) -> tuple[int, int, int, int] | None:
@@ -80,9 +85,11 @@ def scan_tar(data, out: np.ndarray) -> tuple[int, int, int]:
             return rows, TRUNCATED, pos
         header = data[pos : pos + BLOCK]
         if header == bytes(BLOCK):
+            following = data[pos + BLOCK : pos + 2 * BLOCK]
+            if len(following) == BLOCK and following != bytes(BLOCK):
+                return rows, ZERO_BLOCK, pos  # a header wiped mid-archive: the end is two zero blocks
             return rows, OK, pos
-        stored = _number(header[148:156])
-        if stored is None or not _checksum_ok(header, stored):
+        if not _header_ok(header):
             return rows, BAD_CHECKSUM, pos
         size = _number(header[124:136])
         if size is None:

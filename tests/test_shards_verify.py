@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydrax.shards import ShardIndex, ShardWriter, group_samples, index_path, scan_members
+from hydrax.shards import ShardFormatError, ShardIndex, ShardWriter, group_samples, index_path, scan_members
 from hydrax.shards.tarindex import is_image_field
 from hydrax.shards.verify import verify_shard
 
@@ -84,6 +84,26 @@ def test_truncation_and_bad_checksums_are_located(shards, tmp_path):
     assert verify_shard(str(tmp_path / "empty.tar")).problems[0].detail.startswith("the shard is empty")
     missing = verify_shard(str(tmp_path / "absent.tar"))
     assert [p.kind for p in missing.problems] == ["missing"] and "absent.tar: the shard does not exist" in missing.messages()[0]
+
+
+def test_a_header_zeroed_mid_shard_is_damage_not_the_end(shards, tmp_path):
+    # tar readers (tarfile, and so webdataset) stop at the first zero block: half the samples
+    # would vanish and verify said ok
+    data = bytearray(Path(shards[0]).read_bytes())
+    fourth = members_of(shards[0])[3]
+    header = fourth.offset - 512
+    data[header : header + 512] = bytes(512)
+    damaged = tmp_path / "zeroed.tar"
+    damaged.write_bytes(bytes(data))
+    report = verify_shard(str(damaged))
+    assert not report.ok
+    (problem,) = report.problems
+    assert (problem.kind, problem.offset) == ("tar", header) and "zeroed block" in problem.detail
+    with pytest.raises(ShardFormatError) as caught:
+        members_of(str(damaged))
+    assert caught.value.offset == header
+    # the real end of an archive (two zero blocks, then padding) is still the end
+    assert len(members_of(shards[0])) > 4
 
 
 def test_stale_and_disagreeing_indexes_are_found(shards):

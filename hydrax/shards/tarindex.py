@@ -28,6 +28,8 @@ _MESSAGES = {
     2: "the shard ends inside a member or has no end-of-archive block (it is truncated; re-download or rewrite it)",
     3: "a header number field is not octal (the shard is corrupt; rewrite or re-download it)",
     4: "a pax extended header record is malformed (the shard is corrupt; rewrite it)",
+    8: "a zeroed block where a header should be, with data after it (the end of an archive is two zero blocks: "
+       "the shard is damaged, and the members after this point would be lost; rewrite or re-download it)",
 }
 # WebDataset's split of a member path: a key (directory part plus a run of non-dots) and the rest.
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$", re.DOTALL)
