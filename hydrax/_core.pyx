@@ -801,7 +801,16 @@ ctypedef fused pixel_out_t:
 
 
 cdef inline float _clip01(float v) noexcept nogil:
-    return 0.0 if v < 0.0 else (1.0 if v > 1.0 else v)
+    # Written so that NaN gives 0: a NaN that got this far must not become a table index.
+    return v if 0.0 <= v <= 1.0 else (1.0 if v > 1.0 else 0.0)
+
+
+cdef bint _all_finite(const float* values, Py_ssize_t count) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(count):
+        if not (-3.0e38 <= values[i] <= 3.0e38):  # false for NaN and both infinities
+            return False
+    return True
 
 
 cdef inline float _cube_root(float x) noexcept nogil:
@@ -858,6 +867,12 @@ def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] ou
         raise ValueError(f"unknown encoding {encode}")
     if scale.shape[0] < out_channels or offset.shape[0] < out_channels:
         raise ValueError(f"scale and offset need {out_channels} entries")
+    # Non-finite parameters (a damaged profile's curve) would index tables with NaN.
+    if not (_all_finite(&lin[0, 0], 3 * 256) and _all_finite(&matrix[0, 0], 9)
+            and (curve.shape[0] == 0 or _all_finite(&curve[0], curve.shape[0]))
+            and (second.shape[0] * second.shape[1] == 0 or (second.shape[1] == 3 and _all_finite(&second[0, 0], second.shape[0] * 3)))
+            and _all_finite(&scale[0], out_channels) and _all_finite(&offset[0], out_channels)):
+        raise ValueError("the conversion tables hold NaN or infinite values")
     if height == 0 or width == 0:
         return
     cdef Py_ssize_t green = 1 if channels >= 3 else 0
@@ -936,5 +951,6 @@ def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] ou
                     if pixel_out_t is float:
                         dest[x * step] = scaled
                     else:
-                        dest[x * step] = <unsigned char>(0.0 if scaled < 0.0 else (255.0 if scaled > 254.5 else scaled + 0.5))
+                        # NaN stores 0: a float-to-int conversion of NaN is undefined behaviour
+                        dest[x * step] = <unsigned char>(scaled + 0.5 if 0.0 <= scaled <= 254.5 else (255.0 if scaled > 254.5 else 0.0))
     free(row)

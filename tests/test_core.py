@@ -237,3 +237,25 @@ def test_index_check_kernel_agrees_with_its_twin():
         assert fast == slow, (attempt, args)
         outcomes.add(fast)
     assert outcomes == {0, 1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_convert_pixels_refuses_tables_with_nan_and_never_indexes_with_it(dtype):
+    src = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    out = np.zeros((4, 5, 3), dtype)
+    lin = np.tile(np.linspace(0, 1, 256, dtype=np.float32), (3, 1))
+    eye, empty = np.eye(3, dtype=np.float32), np.zeros((3, 3), np.float32)
+    curve = np.linspace(0, 1, 4097, dtype=np.float32)
+    ones, zeros = np.ones(3, np.float32), np.zeros(3, np.float32)
+    for bad in ("lin", "matrix", "curve"):
+        args = {"lin": lin.copy(), "matrix": eye.copy(), "curve": curve.copy()}
+        args[bad].flat[7] = np.nan
+        with pytest.raises(ValueError, match="NaN"):
+            _core.convert_pixels(src, out, False, args["lin"], args["matrix"], 0, args["curve"], np.zeros(0, np.uint8), empty, ones, zeros)
+    # finite but absurd tables: the Oklab stage makes inf - inf = NaN, which must store as a
+    # defined value (uint8 output used to convert NaN to an integer: undefined behaviour)
+    huge = np.full((3, 3), 2.0e38, np.float32)
+    second = np.array([[1, -1, 0]] * 3, np.float32)
+    _core.convert_pixels(src, out, False, lin, huge, 2, curve, np.zeros(0, np.uint8), second, ones * 255, zeros)
+    if dtype == np.uint8:
+        assert (out[1:] == 0).all()  # NaN stored as 0 (row 0 starts with black: finite)

@@ -10,27 +10,22 @@ instead of stopping at the checksum. For every mutant:
 - they agree with their pure-Python twins in ``hydrax/_fallback.py``;
 - the Python layer (``scan_members``) gives members or a ``ShardFormatError`` with the offset.
 
-``HYDRAX_FUZZ`` sets the mutants per dialect (a few hundred in ``make test``; ``make fuzz`` runs
-100,000). A failure prints the seed and mutant number, and ``python tests/test_fuzz_tar.py SEED
-FIRST COUNT`` replays it.
+``HYDRAX_FUZZ`` sets the mutants per dialect (see ``tests/fuzzing.py``). A failure prints the seed
+and mutant number, and ``python tests/test_fuzz_tar.py SEED FIRST COUNT`` replays it.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import random
-import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-MUTANTS = int(os.environ.get("HYDRAX_FUZZ", "400"))
-BATCH = 2000  # mutants per child process
-ROOT = Path(__file__).resolve().parents[1]
+from fuzzing import batches, run_isolated
+
 DIALECTS = ("ustar", "gnu", "pax")
 
 
@@ -188,19 +183,9 @@ def run(seed: int, first: int, count: int) -> None:
                 raise AssertionError(f"seed {seed}, {dialect} mutant {n}: {exc}") from None
 
 
-@pytest.mark.parametrize("first", range(0, MUTANTS, BATCH))
+@pytest.mark.parametrize("first", batches())
 def test_no_mutant_crashes_hangs_or_escapes_the_documented_error(first):
-    count = min(BATCH, MUTANTS - first)
-    seed = int(os.environ.get("HYDRAX_FUZZ_SEED", "1"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        done = subprocess.run([sys.executable, __file__, str(seed), str(first), str(count)], capture_output=True, text=True,
-                              env=env, timeout=60 + count * 0.05)
-    except subprocess.TimeoutExpired as exc:
-        last = [line for line in (exc.stdout or b"").decode().splitlines() if line.startswith("CASE")][-1:]
-        pytest.fail(f"hang: seed {seed}, {last}")
-    last = [line for line in done.stdout.splitlines() if line.startswith("CASE")][-1:]
-    assert done.returncode == 0, f"seed {seed}, last {last}, status {done.returncode}:\n{done.stderr[-3000:]}"
+    run_isolated(__file__, first)
 
 
 def test_the_valid_shards_scan_cleanly():

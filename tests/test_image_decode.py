@@ -310,6 +310,21 @@ def test_every_kind_of_tone_curve_matches_littlecms(name):
         assert np.abs(out.astype(int) - lcms(pixels, profile, intent)).max() <= 1, intent
 
 
+@needs_profiles
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_a_tone_curve_that_gives_nan_is_a_damaged_profile(dtype):
+    # one huge negative gamma: the curve is NaN or infinite; the uint8 kernel crashed on it, and
+    # float32 output was silently NaN
+    pixels = sample_pixels()
+    profile = with_curves((ICC / "compatibleWithAdobeRGB1998.icc").read_bytes(), para(1, -32000.0, 1.0, 0.0))
+    out = np.zeros((64, 64, 3), dtype)
+    with pytest.raises(ProfileError, match="NaN"):
+        decode_into(encode(pixels, profile=profile), out)
+    with pytest.warns(RuntimeWarning, match="treating the image as sRGB"):
+        decode_into(encode(pixels, profile=profile), out, bad_profile="warn")
+    assert np.isfinite(out).all()
+
+
 def test_gray_with_alpha_keeps_its_alpha():
     gray = sample_pixels()[..., 0]
     la = np.stack([gray, 255 - gray], 2)

@@ -132,13 +132,18 @@ def _build(profile: bytes | None, mode: str, space: str) -> PixelTransform:
     else:
         icc._tag_table(profile)  # a damaged profile is reported the same way for every mode
     if model is not None:
+        tables = model.linear_tables()
+        if not (np.isfinite(tables).all() and np.isfinite(model.matrix).all()):
+            # One absurd curve parameter (a huge negative gamma, say) is enough; such a profile
+            # would otherwise even pass for sRGB, NaN comparing false everywhere.
+            raise ProfileError("the profile's tone curves or colorants give infinite or NaN values (it is damaged)")
         black = [float(curve(np.zeros(1))[0]) for curve in model.curves]
         if max(black) == 0.0:
             to_srgb = _xyz_to_srgb() @ model.matrix
             if _is_srgb(model, to_srgb):
                 return _for_srgb(space)
             matrix = _M1 @ to_srgb if space == "oklab" else to_srgb
-            return _kernel(space, model.linear_tables(), matrix, False)
+            return _kernel(space, tables, matrix, False)
     _embedded_profile(profile)  # a profile LittleCMS cannot read is reported here, once
     return _for_srgb(space, lcms=True)
 
