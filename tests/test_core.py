@@ -259,3 +259,15 @@ def test_convert_pixels_refuses_tables_with_nan_and_never_indexes_with_it(dtype)
     _core.convert_pixels(src, out, False, lin, huge, 2, curve, np.zeros(0, np.uint8), second, ones * 255, zeros)
     if dtype == np.uint8:
         assert (out[1:] == 0).all()  # NaN stored as 0 (row 0 starts with black: finite)
+
+
+def test_the_type_stub_lists_exactly_the_compiled_names():
+    import ast
+    from pathlib import Path
+
+    stub = Path(_core.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub.read_text())
+    stubbed = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    compiled = {name for name in dir(_core) if not name.startswith("_") and getattr(getattr(_core, name), "__module__", None) == "hydrax._core"}
+    assert stubbed == compiled
+    assert stub.with_name("py.typed").exists()
