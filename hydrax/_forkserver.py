@@ -1,63 +1,132 @@
 """Preloaded by the multiprocessing fork server that starts hydrax workers.
 
-It imports the user's main module once, in the server, so that every worker forked from it
-already has it (and whatever it imports, such as JAX) instead of importing it again. Python's own
-``set_forkserver_preload(["__main__"])`` does not do this on 3.10-3.12: the server is never told
-the main module's path. It also imports the modules that hold the loader functions.
+The server never runs the user's main module. hydrax sends its workers everything they run
+pickled with cloudpickle, which ships functions and classes of the main module by value, so a
+worker needs nothing of that module; running its top level again would read a command line the
+server does not have, and repeat whatever it does (``jax.distributed.initialize``, a log file,
+a download).
+
+What the server does instead:
+
+- it takes the parent's ``sys.argv``, working directory and ``sys.path``, as multiprocessing's
+  spawn preparation gives a child, so that whatever it imports sees what the parent saw;
+- it imports hydrax's worker code, cloudpickle, the modules the parent's main module had
+  imported (JAX, numpy, the project's own modules) and the modules of the loader functions, so
+  that workers forked from it start in milliseconds;
+- it puts a stand-in in ``sys.modules["__main__"]`` that bears the main module's file (or module
+  name). multiprocessing's preparation of a child then sees the main module as already there
+  and imports nothing. Only a process that looks up a name in it (a process of the user's own,
+  started from this shared server with a function of the main module pickled by reference)
+  imports the real main module, once, at that moment and exactly as spawn would: its command
+  line, directory and path are the parent's by then.
 """
 
+from __future__ import annotations
+
 import importlib
+import importlib.machinery
+import json
 import os
 import sys
 import types
 from multiprocessing import process, spawn
 
-MAIN_ENV = "HYDRAX_FORKSERVER_MAIN"
-MODULES_ENV = "HYDRAX_FORKSERVER_MODULES"
-PATH_ENV = "HYDRAX_FORKSERVER_SYS_PATH"
+#: The environment variable that carries the parent's settings to the server, as JSON.
+CONFIG_ENV = "HYDRAX_FORKSERVER_CONFIG"
 #: True in the fork server (and the workers it forks): never start another server from there.
 SERVING = False
+#: Marks the error raised when importing the main module fails in a helper process; the
+#: pipeline looks for it before advising the main guard.
+MAIN_IMPORT_FAILED = "hydrax: importing the main module in a helper process failed"
 
 
-def _preload() -> None:
-    global SERVING
-    if MAIN_ENV not in os.environ:
-        return  # imported by the parent for the names above, not by the fork server
-    SERVING = True
-    kind, _, target = os.environ.pop(MAIN_ENV, "").partition(":")
-    modules = [m for m in os.environ.pop(MODULES_ENV, "").split(",") if m]
-    path = os.environ.pop(PATH_ENV, "")
-    if path:  # the server is not given the parent's sys.path on 3.10-3.12 either
-        sys.path[:] = path.split(os.pathsep)
+class MainImportError(ImportError):
+    """The real main module was needed in a helper process, and importing it there failed."""
+
+
+def _install_stand_in(kind: str, target: str) -> None:
+    stand_in = types.ModuleType("__mp_main__")
+    if kind == "path":
+        stand_in.__file__ = target
+    else:  # python -m target: multiprocessing compares the spec's name
+        stand_in.__spec__ = importlib.machinery.ModuleSpec(target, None)
+    state = {"loaded": False}
+
+    def __getattr__(name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # probes such as __path__ or __loader__ need no import
+        if not state["loaded"]:
+            state["loaded"] = True
+            _import_real_main(stand_in, kind, target)
+        try:
+            return stand_in.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module '__main__' ({target}) has no attribute {name!r}") from None
+
+    stand_in.__getattr__ = __getattr__
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = stand_in
+
+
+def _import_real_main(stand_in: types.ModuleType, kind: str, target: str) -> None:
+    """Run the main module as multiprocessing's spawn preparation does, and fill ``stand_in`` with it."""
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = types.ModuleType("__mp_main__")
     current = process.current_process()
+    inheriting = getattr(current, "_inheriting", False)
     current._inheriting = True  # the main module's `if __name__ == "__main__"` block must not run
     try:
         if kind == "path":
             spawn.import_main_path(target)
-        elif kind == "name":
+        else:
             spawn._fixup_main_from_name(target)
+        real = sys.modules["__main__"]
+        stand_in.__dict__.update((k, v) for k, v in vars(real).items() if k != "__getattr__")
     except BaseException as exc:
-        print(f"[hydrax] the loader fork server could not import the main module {target!r}: {exc!r}", file=sys.stderr)
-        if kind == "path":
-            # Leave an empty stand-in, so workers fail fast with a clear error instead of
-            # importing it again after the fork (which hangs if its top level initialised CUDA).
-            stand_in = types.ModuleType("__mp_main__")
-            stand_in.__file__ = target
-            sys.modules["__main__"] = sys.modules["__mp_main__"] = stand_in
+        raise MainImportError(f"{MAIN_IMPORT_FAILED}: {target} raised {type(exc).__name__}: {exc}") from exc
     finally:
-        del current._inheriting
+        if not inheriting:
+            del current._inheriting
+        sys.modules["__main__"] = sys.modules["__mp_main__"] = stand_in
+
+
+def _preload() -> None:
+    global SERVING
+    raw = os.environ.pop(CONFIG_ENV, None)
+    if raw is None:
+        return  # imported by the parent for the names above, not by the fork server
+    SERVING = True
+    if raw.startswith("@"):  # too long for the environment: in a file, which is ours to remove
+        path = raw[1:]
+        try:
+            with open(path) as f:
+                raw = f.read()
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    config = json.loads(raw)
+    # The parent's view of the world, as spawn's preparation gives a child.
+    sys.argv[:] = config["argv"]
+    sys.path[:] = config["path"]
+    try:
+        os.chdir(config["cwd"])
+    except OSError:
+        pass
+    if config["main"]:
+        kind, target = config["main"]
+        _install_stand_in(kind, target)
+    for name in ["hydrax.workers", "cloudpickle", *config["modules"]]:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # a worker that needs it reports the error itself
+            pass
     bridge = sys.modules.get("jax._src.xla_bridge")
     if bridge is not None and getattr(bridge, "_backends", None):
         print(
-            f"[hydrax] warning: importing {target!r} initialises a JAX backend, so loader workers are forked "
-            "from a process with live XLA threads; move JAX computations under `if __name__ == \"__main__\":`",
+            "[hydrax] warning: importing the modules of the main script initialised a JAX backend in the loader "
+            "fork server, so loader workers are forked from a process with live XLA threads",
             file=sys.stderr,
         )
-    for name in ["hydrax.workers", *modules]:
-        try:
-            importlib.import_module(name)
-        except BaseException:
-            pass
 
 
 _preload()

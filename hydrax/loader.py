@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
 import queue
 import signal
 import sys
@@ -112,8 +111,10 @@ class Dataloader(Generic[D]):
         item. ``arrays`` maps each loader array name to a writable numpy view of the item's place
         in the batch; overwrite it completely and keep no reference to it. ``seed`` is an int for
         training items and None for validation. Return None or a dict of picklable extras. When
-        this process has already initialised JAX, workers start from a fork server and the
-        function must be picklable (a module-level function).
+        this process has already initialised JAX, workers start from a fork server and receive
+        it pickled: a function of the main script (a lambda, a closure, a method of a class
+        defined under the main guard) travels by value with the globals it uses, one of another
+        module by name (that module must be importable); the main module itself never runs again.
     :param training: a DataGroup or an iterable of DataGroups; one pass over all of them is an epoch.
     :param validation: ``(mode, interval, groups)``: after every ``interval`` training ``"batch"``
         es or ``"epoch"`` s, one pass over the validation groups.
@@ -281,7 +282,7 @@ class Dataloader(Generic[D]):
         self._stats = TransferStats()
         self._handed = 0  # batches (and failures) taken from the pipeline, in schedule order
         if start_method() == "forkserver":
-            # It imports the main module (and the loader's) in the background until __enter__.
+            # It imports the loader's module (never the main one) in the background until __enter__.
             warm_forkserver(self._modules())
 
     def _share(self, group: DataGroup, kind: str, i: int) -> GroupPlan:
@@ -432,16 +433,9 @@ class Dataloader(Generic[D]):
             self._group_shardings, self._strict, agreement, self._process_index,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting
-        try:
-            self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            if self._method != "forkserver":
-                raise
-            raise TypeError(
-                f"cannot send loader_func, startup_func or the data to the worker processes: {exc}. JAX is already "
-                "initialised in this process, so workers start from a fork server and everything they run must be "
-                "picklable: use module-level functions, or create the Dataloader before the first JAX computation"
-            ) from exc
+        # With the fork server, what cannot be pickled raises workers.ConfigPicklingError (a
+        # TypeError) here, naming the part and what to do.
+        self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
         self._arena.close_fd()
         self._pipeline.start()
         if agreement is not None:

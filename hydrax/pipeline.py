@@ -32,7 +32,7 @@ from .placement import TransferStats, collect_released_buffers, custom_placement
 from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, local_seeds, read_order,
                        validation_item_order)
 from .sharding import GroupSharding
-from .workers import PIPELINE_THREAD, WorkerPool
+from .workers import PIPELINE_THREAD, STARTUP_FAILED, WorkerPool
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
 HEARTBEAT_STALE_S = 0.75
@@ -384,7 +384,11 @@ class Pipeline:
     def _receive(self, connection, worker: int) -> bool:
         try:
             while connection.poll():
-                task, ok, extras, error, elapsed, fatal = connection.recv()
+                message = connection.recv()
+                if message[0] == STARTUP_FAILED:
+                    self._fail_worker(worker, "failed", message)
+                    return False
+                task, ok, extras, error, elapsed, fatal = message
                 seq, first, end = self._task_batch.pop(task)
                 record = self._inflight[seq]
                 if fatal is not None:
@@ -556,7 +560,19 @@ class Pipeline:
             lines.append(f"  {process.name} (pid {process.pid}, {state}): {doing}")
         return "\n".join(lines)
 
-    def _fail_worker(self, worker: int, what: str) -> None:
+    def _startup_report(self, worker: int) -> tuple | None:
+        """The report of a worker that could not start, if it sent one (it does before it exits)."""
+        connection = self._pool.connections[worker]
+        try:
+            while connection.poll(0):
+                message = connection.recv()
+                if message[0] == STARTUP_FAILED:
+                    return message
+        except (EOFError, OSError):
+            pass
+        return None
+
+    def _fail_worker(self, worker: int, what: str, report: tuple | None = None) -> None:
         process = self._pool.processes[worker]
         process.join(0.05)
         code = process.exitcode
@@ -569,16 +585,42 @@ class Pipeline:
             how = f"exited with status {code}"
         else:
             how = what
+        if report is None:
+            report = self._startup_report(worker)
         doing = self.describe_item(worker)
-        if doing:
+        if report is not None:
+            where = "during start-up: " + startup_failure_words(report)
+        elif doing:
             where = f"while loading {doing}"
         elif not self._arena.heartbeat(worker):
-            where = (
-                "during start-up (its traceback is above). Workers import the main module when JAX is "
-                "already initialised: keep the training code under `if __name__ == \"__main__\":`"
-            )
+            where = "during start-up, before it could say why (its output, if any, is above)"
         else:
             where = "while idle"
         message = f"loader process {process.name} (pid {process.pid}) {how} {where}"
         print(f"[hydrax] loader process exited, aborting: {message}", flush=True)
         self.output.put(Failure(WorkerError(message)))
+
+
+def startup_failure_words(report: tuple) -> str:
+    """What a worker's start-up failure report says, with what to do about it, and its traceback."""
+    from ._forkserver import MAIN_IMPORT_FAILED
+
+    _kind, stage, line, text = report
+    if stage == "startup_func":
+        words = f"startup_func raised {line}"
+    else:
+        words = f"it could not unpickle what it runs (loader_func, startup_func and the groups' data): {line}"
+        if MAIN_IMPORT_FAILED in text:
+            words += (
+                ". Something it was sent refers to the main module by name, so the worker imported that module, "
+                "and its top level failed there: keep the training code under `if __name__ == \"__main__\":`"
+            )
+        elif any(kind in line for kind in ("ModuleNotFoundError", "ImportError", "AttributeError")):
+            words += (
+                ". A worker started from the fork server (JAX is already initialised here) receives functions and "
+                "classes of the main script by value, but those of other modules by name: such a module must be "
+                "importable in a new process with this process's sys.path (a module loaded from a file path is not); "
+                "move the function into an importable module or into the main script"
+            )
+    indented = "\n".join("    " + row for row in text.rstrip().splitlines())
+    return f"{words}\n  the worker's traceback:\n{indented}"

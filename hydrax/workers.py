@@ -7,27 +7,46 @@ itself, calls the user's ``loader_func`` with writable views of the item's place
 sends one completion per task. No descriptor is pickled per item.
 
 Start method: a plain fork while this process has no live JAX backend (fast, and a loader
-defined in ``__main__`` is simply there); otherwise a forkserver that has imported ``__main__``,
-because forking a process with live XLA threads can deadlock the child. Workers die with their
-parent (``PR_SET_PDEATHSIG`` and end-of-file on the task pipe), even when it is SIGKILLed.
+defined in ``__main__`` is simply there); otherwise a fork server (see :mod:`hydrax._forkserver`),
+because forking a process with live XLA threads can deadlock the child. The fork server never
+runs the main module: its workers receive the loader, the start-up hook and the groups' data
+pickled with cloudpickle, which ships functions and classes of ``__main__`` (lambdas, closures,
+classes defined under the main guard) by value, and those of importable modules by name.
+
+Workers die with the main process, even when it is SIGKILLed: a forked worker has it as parent
+(``PR_SET_PDEATHSIG``); a fork server's worker has the server as parent, and lets go of the
+server's "alive" pipe, so the server exits as soon as the main process is gone and takes its
+workers with it.
+
+A worker that cannot start (what it was sent cannot be unpickled, ``startup_func`` raised)
+reports why on its completion pipe before it exits, and a result that cannot be pickled back
+(unpicklable extras) fails its item, naming the key, instead of killing the worker.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import io
+import json
+import marshal
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import types
 import warnings
+from collections import ChainMap
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -43,6 +62,10 @@ HEARTBEAT_PERIOD_US = 100_000
 _VIEW_CACHE_ITEMS = 32_768
 #: The name of each run's pipeline thread (see hydrax.pipeline).
 PIPELINE_THREAD = "hydrax-pipeline"
+#: First field of the message a worker sends when it cannot start:
+#: ``(STARTUP_FAILED, stage, last line of the error, traceback text)``, ``stage`` being
+#: ``"unpickle"`` (what it was sent) or ``"startup_func"``.
+STARTUP_FAILED = "hydrax-startup-failed"
 
 
 @dataclass
@@ -120,8 +143,9 @@ def watch_jax_start() -> None:
     """Start the fork server as soon as JAX initialises a backend, if JAX is imported already.
 
     From that moment on every new run needs the fork server, and starting it then, rather than
-    when the run begins, takes the import of the main module off the time to the first batch
-    (a training script usually spends seconds between initialising JAX and its first loader).
+    when the run begins, takes the server's imports (JAX and the main module's other modules)
+    off the time to the first batch (a training script usually spends seconds between
+    initialising JAX and its first loader).
     Uses jax's ``register_backend_initialization_hook`` where it exists, else wraps the private
     ``_init_backend`` (jax 0.12 dropped the hook); with neither, nothing happens.
     """
@@ -159,33 +183,222 @@ def _on_backend(_backend) -> None:
 
 
 def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
-    """Start the fork server now (if it is not running), with the main module, hydrax and
-    ``modules`` imported in it.
+    """Start the fork server now (if it is not running), with hydrax, cloudpickle, the modules
+    the main module has imported and ``modules`` imported in it (never the main module itself).
 
-    Workers forked from it then start in milliseconds instead of importing the main module (and
-    whatever it imports, such as JAX) each. Modules named after the server has started are
-    imported by each worker instead. Cheap to call again: the server is started once per process.
+    Workers forked from it then start in milliseconds instead of importing JAX and the rest
+    each. Modules named after the server has started are imported by each worker instead, as
+    it unpickles what it runs. Cheap to call again: the server is started once per process.
     """
-    from multiprocessing import forkserver, spawn
+    from multiprocessing import forkserver
 
-    from ._forkserver import MAIN_ENV, MODULES_ENV, PATH_ENV
+    from ._forkserver import CONFIG_ENV
 
     mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
-    data = spawn.get_preparation_data("hydrax")
-    if "init_main_from_path" in data:
-        target = "path:" + data["init_main_from_path"]
-    elif "init_main_from_name" in data:
-        target = "name:" + data["init_main_from_name"]
-    else:
-        target = ""
-    os.environ[MAIN_ENV] = target
-    os.environ[MODULES_ENV] = ",".join(m for m in modules if m and m != "__main__")
-    os.environ[PATH_ENV] = os.pathsep.join(p for p in sys.path if isinstance(p, str))
+    preload = [m for m in dict.fromkeys([*_main_imports(), *modules]) if m and m not in ("__main__", "__mp_main__")]
+    text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": _child_sys_path(), "modules": preload})
+    spill = None
+    if len(text) > _CONFIG_ENV_LIMIT:
+        # A long command line (thousands of file names) would not fit in one environment
+        # variable: a new server reads it from a file instead, and removes it.
+        fd, spill = tempfile.mkstemp(prefix="hydrax-forkserver-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        text = "@" + spill
+    server = forkserver._forkserver
+    running = getattr(server, "_forkserver_pid", None)
+    os.environ[CONFIG_ENV] = text
     try:
-        forkserver.ensure_running()
+        server.ensure_running()
     finally:
-        for name in (MAIN_ENV, MODULES_ENV, PATH_ENV):
-            os.environ.pop(name, None)
+        os.environ.pop(CONFIG_ENV, None)
+        if spill is not None and getattr(server, "_forkserver_pid", None) == running:
+            os.unlink(spill)  # no server was started to read it
+
+
+#: The longest settings passed to the fork server in its environment (Linux allows 128 KiB per variable).
+_CONFIG_ENV_LIMIT = 64 * 1024
+
+
+def _main_target() -> list[str] | None:
+    """``["name", module]`` or ``["path", file]``: how multiprocessing names this main module to a child.
+
+    The fork server's stand-in main module bears the same, so that a child's preparation finds
+    it in place and imports nothing (see :mod:`hydrax._forkserver`).
+    """
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return ["name", name]
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return None  # an interactive session, ``python -c``: a child imports nothing either
+    if not os.path.isabs(path) and mp.process.ORIGINAL_DIR is not None:
+        path = os.path.join(mp.process.ORIGINAL_DIR, path)
+    return ["path", os.path.normpath(path)]
+
+
+def _child_sys_path() -> list[str]:
+    # As multiprocessing gives a child: the current directory entry ("") made absolute.
+    origin = mp.process.ORIGINAL_DIR or os.getcwd()
+    return [origin if p == "" else p for p in sys.path if isinstance(p, str)]
+
+
+def _main_imports() -> list[str]:
+    """The modules whose names the main module holds (``import jax``, ``from x import f``)."""
+    main = sys.modules.get("__main__")
+    found = []
+    for value in list(vars(main).values()) if main is not None else ():
+        if isinstance(value, types.ModuleType):
+            name = value.__name__
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            name = getattr(value, "__module__", None)
+        else:
+            continue
+        if isinstance(name, str) and name in sys.modules and name != "builtins":
+            found.append(name)
+    return found
+
+
+_Pickler: Any = None
+
+
+def _dumps(value: Any) -> bytes:
+    """``value`` pickled with cloudpickle, keeping the file names of the code it ships by value.
+
+    cloudpickle renames such code ``<dynamic-code>``, which leaves a worker's tracebacks without
+    the script's file and lines; a fork server's worker runs the same interpreter, so the code
+    objects travel as ``marshal`` data instead, file names included.
+    """
+    global _Pickler
+    if _Pickler is None:
+        import cloudpickle
+
+        class Pickler(cloudpickle.Pickler):
+            dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+        _Pickler = Pickler
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def _reduce_code(code: types.CodeType):
+    return marshal.loads, (marshal.dumps(code),)
+
+
+class ConfigPicklingError(TypeError):
+    """What a worker runs cannot be pickled for a worker started from the fork server."""
+
+
+def pack_config(config: WorkerConfig) -> bytes:
+    """``config`` pickled for workers started from the fork server.
+
+    cloudpickle ships functions and classes of ``__main__`` (and lambdas, closures, classes
+    defined under the main guard) by value, and those of importable modules by reference, so a
+    worker never needs the main module. Raises :class:`ConfigPicklingError` naming the part
+    that cannot be pickled.
+    """
+    try:
+        return _dumps(config)
+    except Exception as exc:
+        error = exc
+    parts = [("loader_func", config.loader_func), ("startup_func", config.startup_func)]
+    training = sum(1 for g in config.groups if g.training)
+    for i, spec in enumerate(config.groups):
+        kind, number = ("training", i) if spec.training else ("validation", i - training)
+        parts.append((f"the data of {kind} group {number}", spec.data))
+    where, cause = "loader_func, startup_func or the data", error
+    for name, value in parts:
+        try:
+            _dumps(value)
+        except Exception as exc:
+            where, cause = _unpicklable_part(value, name, exc, _dumps)
+            break
+    raise ConfigPicklingError(
+        f"cannot send {where} to the loader processes: it cannot be pickled ({type(cause).__name__}: {cause}). "
+        "JAX is already initialised in this process, so workers start from a fork server and receive what they "
+        "run pickled (functions and classes of the main script by value, with the globals they use). Create "
+        "locks, open files, clients and the like in the worker (in startup_func, or on first use) instead of "
+        "sending them, or create the Dataloader before the first JAX computation (workers are then forked and "
+        "inherit everything)"
+    ) from error
+
+
+def _parts(value: Any, path: str):
+    """The named parts of ``value`` that pickling it pickles too, for :func:`_unpicklable_part`."""
+    if isinstance(value, types.MethodType):
+        yield f"{path}.__self__", value.__self__
+        yield f"{path}.__func__", value.__func__
+    elif isinstance(value, types.FunctionType):
+        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or ()):
+            try:
+                yield f"{path}'s closure variable {name!r}", cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        names, codes = set(), [value.__code__]
+        while codes:
+            code = codes.pop()
+            names.update(code.co_names)
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        for name in sorted(names):
+            if name in value.__globals__ and not isinstance(value.__globals__[name], types.ModuleType):
+                yield f"{path}'s global {name!r}", value.__globals__[name]
+    elif isinstance(value, functools.partial):
+        yield f"{path}.func", value.func
+        for i, arg in enumerate(value.args):
+            yield f"{path}.args[{i}]", arg
+        for name, arg in value.keywords.items():
+            yield f"{path}.keywords[{name!r}]", arg
+    elif isinstance(value, dict):
+        for key, item in list(value.items())[:256]:
+            yield f"{path}[{key!r}]", item
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for i, item in enumerate(list(value)[:256]):
+            yield f"{path}[{i}]", item
+    elif isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, (type, types.ModuleType)):
+        for name, item in list(vars(value).items())[:256]:
+            yield f"{path}.{name}", item
+
+
+def _unpicklable_part(value: Any, path: str, error: BaseException, dumps, depth: int = 0) -> tuple[str, BaseException]:
+    """The innermost part of ``value`` (which failed to pickle with ``error``) that fails too, and its error."""
+    if depth < 4:
+        for part, item in _parts(value, path):
+            try:
+                dumps(item)
+            except Exception as exc:
+                return _unpicklable_part(item, part, exc, dumps, depth + 1)
+    return path, error
+
+
+def _release_fork_server() -> None:
+    """Close this process's copy of the fork server's "alive" pipe.
+
+    multiprocessing gives every child of the fork server the write end of that pipe, and the
+    server exits only once every copy is closed. Kept here, it would keep the server alive
+    after the main process is killed, and the server would keep this worker alive (our
+    ``PR_SET_PDEATHSIG`` watches the server, our parent): both would outlive the main process.
+    """
+    module = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(module, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _report_startup_failure(completions, index: int, stage: str, exc: BaseException) -> None:
+    """Tell the main process why this worker cannot start; print it where that fails."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    line = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
+    try:
+        completions.send((STARTUP_FAILED, stage, line, text))
+    except Exception:
+        print(f"[hydrax] loader process {index} could not start:\n{text}", file=sys.stderr, flush=True)
 
 
 def _die_with_parent() -> None:
@@ -266,6 +479,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    _release_fork_server()
     _tune_malloc()
     for fd in close:
         try:
@@ -273,7 +487,11 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except OSError:
             pass
     if isinstance(config, bytes):
-        config = pickle.loads(config)
+        try:
+            config = pickle.loads(config)
+        except BaseException as exc:
+            _report_startup_failure(completions, index, "unpickle", exc)
+            sys.exit(1)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     memory = config.arena.map(arena)
     status = status_line(index)
@@ -284,7 +502,11 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except OSError as exc:
             print(f"[hydrax] loader_nice={config.loader_nice} not applied: {exc}", file=sys.stderr)
     if config.startup_func is not None:
-        config.startup_func()
+        try:
+            config.startup_func()
+        except BaseException as exc:
+            _report_startup_failure(completions, index, "startup_func", exc)
+            sys.exit(1)
     _Loop(config, memory, status, tasks.fd, completions).run()
 
 
@@ -330,10 +552,41 @@ class _Loop:
             task = TASK.unpack(message)
             if self.memory.read_int64(self.stop):
                 return
+            result = self.load(*task)
             try:
-                self.completions.send(self.load(*task))
-            except (BrokenPipeError, EOFError, OSError):
+                try:
+                    self.completions.send(result)
+                except (EOFError, OSError):
+                    raise
+                except Exception as exc:  # extras that cannot be pickled: nothing was sent
+                    self.completions.send(self.unsendable(task, result, exc))
+            except (EOFError, OSError):
                 return  # the parent stopped listening: the run is over
+
+    def unsendable(self, task: tuple, result: tuple, error: BaseException) -> tuple:
+        """The failed result of ``task``, whose ``result`` could not be pickled: names the item and the key."""
+        task_id, _slot, group, epoch, group_index, first, end = task
+        spec = self.config.groups[group]
+        indices = local_items(spec.plan, self.order(group, epoch), group_index)
+        reason = None
+        for k, extras in enumerate(result[2] or (), first):
+            for key, value in (extras or {}).items():
+                try:
+                    ForkingPickler.dumps(value)
+                except Exception as exc:
+                    reason = (
+                        f"the extras of item {indices[k]} ({_item_repr(spec.data, indices[k])}) cannot be sent to the main process: "
+                        f"key {key!r} holds {_short_repr(value)}, which cannot be pickled ({type(exc).__name__}: {exc}); "
+                        "loader_func must return extras that pickle (numbers, strings, numpy arrays and the like)"
+                    )
+                    break
+            if reason:
+                break
+        if reason is None:
+            reason = (f"the extras of items {list(indices[first:end])} cannot be sent to the main process "
+                      f"({type(error).__name__}: {error}); loader_func must return dicts that pickle")
+        print(f"[hydrax] {reason}", file=sys.stderr, flush=True)
+        return (task_id, False, None, reason, 0, None)
 
     def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
         spec = self.config.groups[group]
@@ -372,6 +625,22 @@ class _Loop:
         return (task, True, extras, None, time.perf_counter_ns() - started, None)
 
 
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:
+        text = f"<repr failed: {exc!r}>"
+    return f"{type(value).__name__} {text[:97] + '...' if len(text) > 100 else text}"
+
+
+def _item_repr(data: Sequence[Any], index: int) -> str:
+    try:
+        text = repr(data[index])
+    except Exception as exc:
+        text = f"<unavailable: {exc!r}>"
+    return text[:197] + "..." if len(text) > 200 else text
+
+
 def _check_result(result):
     if not isinstance(result, dict):
         raise TypeError(f"loader_func must return a dict or None, got {type(result).__name__}")
@@ -400,7 +669,7 @@ class WorkerPool:
         ctx = mp.get_context(method)
         task_r, task_w = self._task_r, self._task_w
         close_in_child = (task_w,) if method == "fork" else ()
-        payload = config if method == "fork" else pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = config if method == "fork" else pack_config(config)
         try:
             with warnings.catch_warnings():
                 # numpy's BLAS threads make Python 3.12 warn about fork; they are fork-safe, and
