@@ -1,11 +1,11 @@
-# hydrax: make demo | make test | make bench | make docs
+# hydrax: make demo | make test | make fuzz | make bench | make docs
 # Each target creates .venv with the interpreter in $(PYTHON) when it is missing.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydrax-installed
 
-.PHONY: demo test bench docs clean
+.PHONY: demo test fuzz bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The mutation fuzzers at length (make test runs a few hundred mutants each)
+fuzz: $(STAMP)
+	HYDRAX_FUZZ=100000 $(BIN)/python -m pytest -q tests/test_fuzz_*.py
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_loader.py

@@ -53,27 +53,30 @@ def load_bytes(sample, arrays, seed) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import jax.numpy as jnp
-
-    from ..group import DataGroup
-    from ..loader import Dataloader
     from ..shards import ShardFormatError, ShardSet
     from ..shards.tarindex import is_image_field
 
     try:
         dataset = ShardSet(args.shards, **shard_options(args))
+        first_fields = dataset[0].fields if len(dataset) else {}  # loads the first index now, if it loads lazily
     except (OSError, ShardFormatError, ValueError, NotImplementedError) as exc:
         report("bench", exc)
         return 1
     if len(dataset) == 0:
         report("bench", f"the shards {args.shards} hold no samples")
         return 1
+    # JAX loads only once the shards are known to be readable: a bad shard fails at once
+    import jax.numpy as jnp
+
+    from ..group import DataGroup
+    from ..loader import Dataloader
+
     arrays = {"bytes": ((), np.int64, jnp.int64)}
     if args.decode == "image":
-        field = args.field or next((f for f in dataset[0].fields if is_image_field(f)), None)
-        if field is None or field not in dataset[0].fields:
+        field = args.field or next((f for f in first_fields if is_image_field(f)), None)
+        if field is None or field not in first_fields:
             report("bench", f"no image field {args.field or ''} in sample {dataset[0].key!r} of {dataset[0].url} "
-                            f"(it has {sorted(dataset[0].fields)}); name one with --field, or use --decode bytes")
+                            f"(it has {sorted(first_fields)}); name one with --field, or use --decode bytes")
             return 1
         arrays["image"] = ((args.size, args.size, 3), np.uint8, jnp.uint8)
         loader_func = functools.partial(load_image, field, args.size)

@@ -24,7 +24,8 @@ def register(shard_commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// / gs:// URLs")
-    parser.add_argument("--force", action="store_true", help="rebuild indexes that exist")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild every index (without it, only missing, stale and damaged ones are built)")
     parser.add_argument("--workers", "-j", type=count, default=1, metavar="N",
                         help="index N shards at a time in worker processes (default 1: in this process)")
     parser.add_argument("--manifest", metavar="PATH_OR_URL",
@@ -34,20 +35,41 @@ def register(shard_commands) -> None:
     parser.set_defaults(run=run)
 
 
-def index_shard(shard: str, force: bool) -> tuple[int, str | None]:
-    """Index ``shard`` unless it has an index (or ``force``): (samples newly indexed, the problem
-    in words or None). Runs in worker processes, so it returns the problem rather than raising."""
+def index_shard(shard: str, force: bool) -> tuple[int, str | None, str | None]:
+    """Index ``shard`` unless it has a current index (or ``force``): (samples newly indexed, the
+    problem in words or None, why an existing index was rebuilt or None). Runs in worker
+    processes, so it returns the problem rather than raising."""
     from ..shards import ShardFormatError, build_index, index_path
 
     path = index_path(shard)
     try:
-        if force or not os.path.exists(path):
+        needed, why = (True, None) if force else _needs_index(shard, path)
+        if needed:
             index = build_index(shard)
             index.save(path)
-            return len(index), None
-        return 0, None
+            return len(index), None, why
+        return 0, None, None
     except (OSError, ShardFormatError) as exc:
-        return 0, str(exc)
+        return 0, str(exc), None
+
+
+def _needs_index(shard: str, path: str) -> tuple[bool, str | None]:
+    """Whether ``shard`` needs its index ``path`` built, and why an existing one will not do. An
+    index will do when it reads and was built for the shard's present size and modification
+    time, as loaders demand (they rescan, or refuse, any other)."""
+    from ..shards import ShardFormatError, ShardIndex
+
+    try:
+        index = ShardIndex.load(path)
+    except FileNotFoundError:
+        return True, None
+    except ShardFormatError as exc:
+        return True, f"its index was damaged ({str(exc).removeprefix(f'{path}: ')})"
+    stat = os.stat(shard)
+    if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        return False, None
+    return True, (f"its index was stale (built for a shard of {index.shard_size} bytes modified at {index.shard_mtime_ns} ns; "
+                  f"the shard has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,31 +98,38 @@ def run(args: argparse.Namespace) -> int:
 
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start_method()))
     failed = samples = done = 0
+    problems: list[str] = []  # reported once the progress bar is gone, so it does not tear them up
+    rebuilt: list[str] = []
     bar = None
     try:
         # Chunks of shards per task keep the pool's overhead small next to a small shard's index;
         # map submits every task (and forks the workers) before the bar starts its monitor thread.
         outcomes = map(work, shards) if pool is None else pool.map(work, shards, chunksize=max(1, len(shards) // (16 * workers)))
         bar = progress(len(shards), "indexing", "shard", args.quiet)
-        for new, problem in outcomes:
+        for shard, (new, problem, why) in zip(shards, outcomes):
             done += 1
             samples += new
             if problem is not None:
                 failed += 1
-                report("shards index", problem)
+                problems.append(problem)
+            if why is not None:
+                rebuilt.append(f"{shard}: {why}: rebuilt it")
             bar.update(1)
     except BrokenProcessPool:
         failed += len(shards) - done
-        report("shards index", f"a worker process died; {len(shards) - done} shards were not indexed (try --workers 1)")
+        problems.append(f"a worker process died; {len(shards) - done} shards were not indexed (try --workers 1)")
     finally:
         if bar is not None:
             bar.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    for message in problems + ([] if args.quiet else rebuilt):
+        report("shards index", message)
     if not failed and args.manifest:
         failed = _write_manifest(args, shards, options)
     if not args.quiet:
-        print(f"indexed {len(shards) - failed} of {len(shards)} shards ({samples} samples newly indexed)")
+        again = f"; rebuilt {len(rebuilt)} stale or damaged {'index' if len(rebuilt) == 1 else 'indexes'}" if rebuilt else ""
+        print(f"indexed {len(shards) - failed} of {len(shards)} shards ({samples} samples newly indexed{again})")
     return 1 if failed else 0
 
 

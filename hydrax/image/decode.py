@@ -16,7 +16,11 @@ Colour work therefore scales with the output, not the photo.
 from __future__ import annotations
 
 import io
+import os
+import re
+import struct
 import warnings
+import zlib
 from typing import Any
 
 import numpy as np
@@ -31,10 +35,45 @@ _TRANSPOSED = (5, 6, 7, 8)
 _LAYOUTS = ("hwc", "chw")
 _CROPS = ("center", "random")
 _ORIENTATION_TAG = 0x0112
+# What Pillow's format plugins raise for damaged data: besides OSError, each raises what its parser
+# trips over (a short struct, a bad zlib stream, an index past a table...).
+_DAMAGED = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
+            OverflowError, struct.error, zlib.error)
+# Pillow names the file object it read in its messages, which says nothing to the reader.
+_OBJECT_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 class ImageError(ValueError):
-    """An image that cannot be decoded: truncated, corrupt, of an unknown format, or too large."""
+    """An image that cannot be decoded: truncated, corrupt, of an unknown format, or too large.
+
+    The message starts with what was decoded: the file's path, or ``bytes of length N``.
+    """
+
+
+def _describe(data: Any) -> str:
+    """How errors name the image ``data``: an open file's path, else its length in bytes."""
+    name = getattr(data, "name", None)
+    if isinstance(name, (str, bytes, os.PathLike)):
+        return os.fsdecode(name)
+    if isinstance(data, io.BytesIO):
+        with data.getbuffer() as view:  # released at once: a live view would stop the file from growing
+            return f"bytes of length {view.nbytes}"
+    if hasattr(data, "read"):
+        return f"a {type(data).__name__} file object"
+    try:
+        with memoryview(data) as view:
+            return f"bytes of length {view.nbytes}"
+    except TypeError:
+        return f"a {type(data).__name__}"
+
+
+def _pillow_reason(exc: BaseException) -> str:
+    """Pillow's words for ``exc`` without the object reprs it puts in them, and its type when the
+    words alone say little."""
+    text = _OBJECT_REPR.sub("", str(exc)).strip()
+    if not text or not isinstance(exc, (OSError, ValueError, SyntaxError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text
 
 
 def _mix(seed: int, stream: int) -> int:
@@ -68,19 +107,25 @@ def flips(seed: int) -> bool:
     return bool(_mix(seed, 3) & 1)
 
 
-def _open(data: Any, formats):
+def _open(data: Any, formats, name: str):
     from PIL import Image, UnidentifiedImageError
 
     source = data if hasattr(data, "read") else io.BytesIO(data)
     try:
-        return Image.open(source, formats=formats)
+        image = Image.open(source, formats=formats)
     except UnidentifiedImageError as exc:
-        raise ImageError(f"not an image Pillow can read{'' if formats is None else f' as {formats}'}: {exc}") from None
+        raise ImageError(f"{name}: not an image Pillow can read{'' if formats is None else f' as {formats}'}: "
+                         f"{_pillow_reason(exc)}") from None
     except Image.DecompressionBombError as exc:
-        raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
+        raise ImageError(f"{name}: {exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
+    except _DAMAGED as exc:  # a format was recognised, then its header did not parse
+        raise ImageError(f"{name}: truncated or corrupt image: {_pillow_reason(exc)}") from None
+    if min(image.size) < 1:
+        raise ImageError(f"{name}: the {image.format} image has no pixels (its size is {image.size[0]}x{image.size[1]})")
+    return image
 
 
-def _load(image) -> None:
+def _load(image, name: str) -> None:
     from PIL import Image
 
     try:
@@ -89,8 +134,8 @@ def _load(image) -> None:
             image.load()
     except Image.DecompressionBombWarning:
         pass  # the warning threshold: decode anyway, as Pillow itself does
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageError(f"truncated or corrupt {image.format or ''} image: {exc}".replace("  ", " ")) from None
+    except _DAMAGED as exc:
+        raise ImageError(f"{name}: truncated or corrupt {image.format or ''} image: {_pillow_reason(exc)}".replace("  ", " ")) from None
 
 
 def _to_8bit(image):
@@ -161,7 +206,7 @@ def decode_into(
     :param bad_profile: ``"raise"`` (default) raises :class:`hydrax.image.ProfileError` for a
         damaged embedded profile; ``"warn"`` warns and treats the image as sRGB.
     :raises ImageError: for data that is not a readable image, or too large (see
-        :func:`hydrax.image.set_max_image_pixels`).
+        :func:`hydrax.image.set_max_image_pixels`); the message starts with ``data``'s path, or ``bytes of length N``.
     """
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'hwc' or 'chw', got {layout!r}")
@@ -184,7 +229,8 @@ def decode_into(
         raise ValueError("Oklab output must be float16 or float32, without coefs")
     from PIL import Image
 
-    image = _open(data, formats)
+    name = _describe(data)
+    image = _open(data, formats, name)
     orientation = _orientation(image)
     width, height = image.size
     if orientation in _TRANSPOSED:
@@ -194,12 +240,15 @@ def decode_into(
     if image.format == "JPEG" and scale <= 0.5:
         wanted = (int(width * scale) + 1, int(height * scale) + 1)
         image.draft(image.mode, wanted[::-1] if orientation in _TRANSPOSED else wanted)
-    _load(image)
+    _load(image, name)
     if orientation not in (None, 1):
         from PIL import ImageOps
 
         profile = image.info.get("icc_profile")
-        image = ImageOps.exif_transpose(image)
+        try:
+            image = ImageOps.exif_transpose(image)
+        except _DAMAGED as exc:
+            raise ImageError(f"{name}: its EXIF orientation {orientation!r} cannot be applied: {_pillow_reason(exc)}") from None
         if profile:
             image.info["icc_profile"] = profile
     image = _to_8bit(image)

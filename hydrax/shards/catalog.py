@@ -252,7 +252,12 @@ async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> Sh
     except ShardFormatError as exc:
         log.warning("ignoring a damaged index object (building the index afresh): %s", exc)
         return None
-    return index if (index.shard_size, index.etag) == (entry.size, entry.version) else None
+    if (index.shard_size, index.etag) != (entry.size, entry.version):
+        log.warning("ignoring the stale index object %s (building the index afresh): it was built for a shard of %d bytes "
+                    "with ETag %s, the shard has %s bytes and ETag %s", beside.url, index.shard_size, index.etag,
+                    entry.size, entry.version)
+        return None
+    return index
 
 
 async def _build_async(entry: ShardEntry, store) -> ShardIndex:
@@ -273,7 +278,12 @@ def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_i
     """Load the index of ``entry`` now (a shard whose count came from a manifest, when it is first read)."""
     if entry.index is None:
         if not is_remote(entry.url):
-            entry.index = open_index(entry.url, write=write_index)
+            try:
+                entry.index = open_index(entry.url, write=write_index)
+            except FileNotFoundError:
+                if os.path.exists(entry.url):
+                    raise
+                raise ObjectNotFoundError(f"shard {entry.url!r}, listed in the manifest, does not exist", url=entry.url) from None
             _check_count(entry)
         else:
             run_async(load_index_async(entry, options, cache_dir, write_index))
@@ -337,12 +347,13 @@ def manifest_entries(descriptor, folder: str, url: str) -> list[ShardEntry]:
     """The shards a parsed wids descriptor lists (relative URLs resolved against ``folder``)."""
     if not isinstance(descriptor, dict):
         raise ShardFormatError(f"{url}: not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
-    pairs = read_wids_descriptor(descriptor, folder)
+    pairs = read_wids_descriptor(descriptor, folder, where=url)
     entries = []
     for (shard_url, count), raw_entry in zip(pairs, descriptor.get("shardlist", [])):
+        # hydrax's own additions: a damaged one only costs the check it allows
         size = raw_entry.get("filesize")
         etag = raw_entry.get("etag")
-        entries.append(ShardEntry(shard_url, int(size) if isinstance(size, int) else None,
+        entries.append(ShardEntry(shard_url, size if type(size) is int and size >= 0 else None,
                                   etag if isinstance(etag, str) else None, count))
     return entries
 

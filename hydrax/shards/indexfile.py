@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import mmap
 import os
 import struct
@@ -43,6 +44,8 @@ import numpy as np
 from .. import _core
 from .store import write_atomic
 from .tarindex import Sample, ShardFormatError, group_samples, scan_error, scan_members
+
+log = logging.getLogger(__name__)
 
 FORMAT = "hydrax-tar-index-v2"
 FORMAT_V1 = "hydrax-tar-index-v1"
@@ -58,15 +61,59 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # name, dtype, which count sizes it: the arrays of a v2 file, in file order
 _ARRAYS = (("key_bytes", "<u1", "keys"), ("key_ends", "<i8", "samples"), ("sample_ends", "<i8", "samples"),
            ("entry_field", "<i4", "entries"), ("entry_offset", "<i8", "entries"), ("entry_size", "<i8", "entries"))
+_OUT_OF_ORDER = 6  # found by _check_order, after check_index
+_TAR_BLOCK = 512
 _INDEX_PROBLEMS = {  # what _core.check_index finds
     1: "its keys do not end in order inside the key bytes",
     2: "its samples do not end in order, each after at least one field",
     3: "field numbers outside the {fields} fields it names",
     4: "a field lies outside the shard of {shard_size} bytes",
     5: "its arrays of samples, or of fields, differ in length",
+    _OUT_OF_ORDER: "fields overlap, or are not in the order of the shard, each after its 512-byte tar header",
 }
 _ITEMSIZE = {"<u1": 1, "<i4": 4, "<i8": 8}
-_KERNEL_SCAN_ERRORS = (1, 2, 3, 4)  # index_tar statuses that are header errors; 6 and 7 go to the Python rules
+_KERNEL_SCAN_ERRORS = (1, 2, 3, 4, 8)  # index_tar statuses that are header errors; 6 and 7 go to the Python rules
+
+
+def _check_order(entry_offset: np.ndarray, entry_size: np.ndarray) -> int:
+    """:data:`_OUT_OF_ORDER` unless every field's bytes start on a tar block after a header (so at
+    512 or later) and after the blocks of the field before: how any tar lays out its members."""
+    if not len(entry_offset):
+        return 0
+    # check_index bounded every field by the shard's size (< 2**62), so these sums cannot overflow
+    blocks_end = -(-(entry_offset + entry_size) // _TAR_BLOCK) * _TAR_BLOCK
+    if entry_offset[0] < _TAR_BLOCK or (entry_offset % _TAR_BLOCK).any() or (entry_offset[1:] < blocks_end[:-1] + _TAR_BLOCK).any():
+        return _OUT_OF_ORDER
+    return 0
+
+
+def _first(bad: np.ndarray) -> int | None:
+    found = np.flatnonzero(bad)
+    return int(found[0]) if len(found) else None
+
+
+def _fault(problem: int, arrays: list[np.ndarray], fields: int, shard_size: int) -> tuple[int, int] | None:
+    """(array number in file order, item) at which the arrays show ``problem``, or None when no one
+    item is at fault; only called once a problem is found, so it may take its time."""
+    _keys, key_ends, sample_ends, entry_field, entry_offset, entry_size = (a.astype(np.int64) for a in arrays)
+    if problem in (1, 2):  # an end that falls back (or, for samples, stands still), else the last, which is not the total
+        ends = key_ends if problem == 1 else sample_ends
+        steps = np.diff(ends, prepend=0)
+        fell = _first(steps < 0 if problem == 1 else steps <= 0)
+        found = (problem, fell if fell is not None else len(ends) - 1) if len(ends) else None
+    elif problem == 3:
+        found = (3, _first((entry_field < 0) | (entry_field >= fields)))
+    elif problem == 4:
+        negative = _first(entry_offset < 0)
+        # with no negative offset, shard_size - entry_offset cannot overflow
+        found = (4, negative) if negative is not None else (5, _first((entry_size < 0) | (entry_size > shard_size - entry_offset)))
+    elif problem == _OUT_OF_ORDER and len(entry_offset):
+        blocks_end = -(-(entry_offset + entry_size) // _TAR_BLOCK) * _TAR_BLOCK
+        early = np.r_[entry_offset[0] < _TAR_BLOCK, entry_offset[1:] < blocks_end[:-1] + _TAR_BLOCK]
+        found = (4, _first(early | (entry_offset % _TAR_BLOCK != 0)))
+    else:
+        found = None
+    return found if found is not None and found[1] is not None else None
 
 
 def index_path(shard: str) -> str:
@@ -84,9 +131,11 @@ def _crc(data) -> int:
     return zlib.crc32(view[HEADER_SIZE:], zlib.crc32(view[:_CRC_AT]))
 
 
-def _bad(where: str, problem: str) -> ShardFormatError:
-    return ShardFormatError(f"{where}: not a readable hydrax index ({problem}); delete it, or rebuild it with "
-                            "`hydrax shards index --force`", url=where)
+def _bad(where: str, problem: str, offset: int | None = None) -> ShardFormatError:
+    """The error for a damaged index file ``where``; ``offset`` is the byte of the file at fault, when known."""
+    at = f" at byte offset {offset} of the index" if offset is not None else ""
+    return ShardFormatError(f"{where}: not a readable hydrax index ({problem}{at}); delete it, or rebuild it with "
+                            "`hydrax shards index --force`", url=where, offset=offset)
 
 
 class ShardIndex:
@@ -201,11 +250,11 @@ class ShardIndex:
             raise _bad(where, f"{len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
         _magic, version, meta_length, samples, entries, keys, crc = _HEADER.unpack_from(data)
         if version != 2:
-            raise _bad(where, f"format version {version}; this hydrax reads versions 1 and 2")
+            raise _bad(where, f"format version {version}; this hydrax reads versions 1 and 2", 16)
         if _crc(data) != crc:
             raise _bad(where, "checksum mismatch: the file is damaged or truncated")
         if min(samples, entries, keys) < 0:
-            raise _bad(where, f"negative counts in the header ({samples} samples, {entries} entries, {keys} key bytes)")
+            raise _bad(where, f"negative counts in the header ({samples} samples, {entries} entries, {keys} key bytes)", 24)
         counts = {"samples": samples, "entries": entries, "keys": keys}
         at, places = HEADER_SIZE + meta_length, []
         for _name, dtype, count in _ARRAYS:
@@ -213,15 +262,17 @@ class ShardIndex:
             places.append(at)
             at += counts[count] * _ITEMSIZE[dtype]
         if at != len(data):
-            raise _bad(where, f"{len(data)} bytes, but its header describes {at}")
+            raise _bad(where, f"{len(data)} bytes, but its header describes {at}", 20)
         try:
             meta = json.loads(bytes(memoryview(data)[HEADER_SIZE : HEADER_SIZE + meta_length]).decode())
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            raise _bad(where, f"its meta data is not JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise _bad(where, f"its meta data is not UTF-8 text: {exc.reason}", HEADER_SIZE + exc.start) from None
+        except json.JSONDecodeError as exc:
+            raise _bad(where, f"its meta data is not JSON: {exc.msg}", HEADER_SIZE + exc.pos) from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise _bad(where, f"meta data {str(meta)[:80]!r} is not of format {FORMAT!r}")
+            raise _bad(where, f"meta data {str(meta)[:80]!r} is not of format {FORMAT!r}", HEADER_SIZE)
         arrays = [np.frombuffer(data, dtype, counts[count], place) for (_n, dtype, count), place in zip(_ARRAYS, places)]
-        return cls._checked(meta, arrays, where)
+        return cls._checked(meta, arrays, where, places)
 
     @classmethod
     def _from_v1(cls, data, where: str) -> ShardIndex:
@@ -236,6 +287,8 @@ class ShardIndex:
             raise _bad(where, f"meta data {str(meta)[:80]!r} is not of format {FORMAT_V1!r}")
         for name, array, (_n, dtype, _count) in zip(names, arrays, _ARRAYS):
             want = np.dtype(dtype)
+            if not isinstance(array, np.ndarray):  # a member that is not a .npy file reads as its raw bytes
+                raise _bad(where, f"{name} is not a NumPy array")
             if array.ndim != 1 or (array.dtype.kind, array.dtype.itemsize) != (want.kind, want.itemsize):
                 raise _bad(where, f"{name} is {array.dtype} of shape {array.shape}, not a list of {want}")
         if meta.get("samples") != len(arrays[2]):
@@ -246,23 +299,30 @@ class ShardIndex:
         return index
 
     @classmethod
-    def _checked(cls, meta: dict, arrays: list[np.ndarray], where: str) -> ShardIndex:
-        """An index of ``arrays`` (in file order) after checking them against ``meta`` and each other."""
+    def _checked(cls, meta: dict, arrays: list[np.ndarray], where: str, places: list[int] | None = None) -> ShardIndex:
+        """An index of ``arrays`` (in file order) after checking them against ``meta`` and each other;
+        ``places`` (a v2 file's) are where the arrays start in the file, to name the byte at fault."""
         shard_size, mtime, etag, fields = (meta.get(k) for k in ("shard_size", "shard_mtime_ns", "etag", "fields"))
+        meta_at = None if places is None else HEADER_SIZE
         if type(shard_size) is not int or type(mtime) is not int or not (0 <= shard_size < 1 << 62 and abs(mtime) < 1 << 63):
-            raise _bad(where, f"shard size {shard_size!r} and modification time {mtime!r} must be whole numbers in range")
+            raise _bad(where, f"shard size {shard_size!r} and modification time {mtime!r} must be whole numbers in range", meta_at)
         if etag is not None and not isinstance(etag, str):
-            raise _bad(where, f"etag {etag!r} is not text")
+            raise _bad(where, f"etag {etag!r} is not text", meta_at)
         if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields) or len(set(fields)) != len(fields):
-            raise _bad(where, f"fields {fields!r:.200} are not distinct names")
+            raise _bad(where, f"fields {fields!r:.200} are not distinct names", meta_at)
         key_bytes, key_ends, sample_ends, entry_field, entry_offset, entry_size = arrays
         if sys.byteorder != "little":  # the kernel takes native integers; the files hold little-endian ones
             key_ends, sample_ends, entry_offset, entry_size = (a.astype(np.int64) for a in (key_ends, sample_ends, entry_offset, entry_size))
             entry_field = entry_field.astype(np.int32)
         problem = _core.check_index(key_ends, sample_ends, entry_field, entry_offset, entry_size, len(key_bytes),
                                     len(fields), shard_size)
+        if not problem:
+            problem = _check_order(entry_offset, entry_size)
         if problem:
-            raise _bad(where, _INDEX_PROBLEMS.get(problem, f"problem {problem}").format(fields=len(fields), shard_size=shard_size))
+            at = _fault(problem, arrays, len(fields), shard_size)
+            offset = None if places is None or at is None else places[at[0]] + at[1] * _ITEMSIZE[_ARRAYS[at[0]][1]]
+            raise _bad(where, _INDEX_PROBLEMS.get(problem, f"problem {problem}").format(fields=len(fields), shard_size=shard_size),
+                       offset)
         return cls(shard_size, mtime, fields, key_bytes, key_ends, sample_ends, entry_field, entry_offset, entry_size, etag=etag)
 
     def save(self, path: str) -> None:
@@ -383,7 +443,11 @@ def open_index(shard: str, *, write: bool = True) -> ShardIndex:
     except FileNotFoundError:
         index = build_index(shard)
         if write:
-            index.save(path)
+            try:
+                index.save(path)
+            except OSError as exc:  # a read-only data folder: the index serves from memory
+                log.warning("could not write the index %s (%s); indexing %s in memory, again each time it is opened",
+                            path, exc.strerror or exc, shard)
         return index
     stat = os.stat(shard)
     if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
@@ -406,32 +470,52 @@ def open_index(shard: str, *, write: bool = True) -> ShardIndex:
     raise ShardFormatError(
         f"{shard}: its index {path} was built for a shard of {index.shard_size} bytes modified at "
         f"{index.shard_mtime_ns} ns, but the shard now has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns, "
-        "and other contents; delete the index, or rebuild it with `hydrax shards index --force`"
+        "and other contents; delete the index, or rebuild it with `hydrax shards index`", url=path
     )
 
 
-def read_wids_descriptor(source: str | dict, base: str | None = None) -> list[tuple[str, int]]:
+def read_wids_descriptor(source: str | dict, base: str | None = None, where: str | None = None) -> list[tuple[str, int]]:
     """``(url, nsamples)`` of every shard of a wids ``wids-shard-index-v1`` descriptor.
 
     ``source`` is the descriptor's path or its parsed JSON. Relative shard URLs are resolved
-    against the descriptor's ``base``, else ``base``, else the descriptor's own folder.
+    against the descriptor's ``base``, else ``base``, else the descriptor's own folder. A
+    descriptor that is not valid raises :class:`~hydrax.shards.ShardFormatError` naming it
+    (``where``, default its path) and the entry at fault.
     """
     if isinstance(source, dict):
         descriptor, here = source, base or ""
     else:
-        with open(source, encoding="utf-8") as f:
-            descriptor = json.load(f)
-        here = base or os.path.dirname(os.path.abspath(source))
-    where = source if isinstance(source, str) else "the descriptor"
-    if descriptor.get("__kind__") != WIDS_KIND or "wids_version" not in descriptor:
-        raise ShardFormatError(f"{where}: not a {WIDS_KIND} descriptor (needs __kind__ {WIDS_KIND!r} and wids_version)")
+        path = os.fspath(source)
+        try:
+            with open(path, encoding="utf-8") as f:
+                descriptor = json.load(f)
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError
+            raise ShardFormatError(f"{path}: not a JSON {WIDS_KIND} descriptor ({exc})", url=path) from None
+        here = base or os.path.dirname(os.path.abspath(path))
+    where = where or (None if isinstance(source, dict) else os.fspath(source))
+
+    def bad(problem: str) -> ShardFormatError:
+        return ShardFormatError(f"{where or 'the descriptor'}: {problem}; rewrite the descriptor "
+                                "(hydrax shards index --manifest writes one)", url=where)
+
+    if not isinstance(descriptor, dict) or descriptor.get("__kind__") != WIDS_KIND or "wids_version" not in descriptor:
+        raise bad(f"not a {WIDS_KIND} descriptor (a JSON object with __kind__ {WIDS_KIND!r} and wids_version is needed)")
     root = descriptor.get("base") or here
+    if not isinstance(root, str) or "\0" in root:
+        raise bad(f"its base {root!r:.80} is not a URL or folder")
+    shardlist = descriptor.get("shardlist", [])
+    if not isinstance(shardlist, list):
+        raise bad(f"its shardlist is {type(shardlist).__name__} {shardlist!r:.80}, not a list of shards")
     shards = []
-    for number, entry in enumerate(descriptor.get("shardlist", [])):
-        if "url" not in entry or "nsamples" not in entry:
-            raise ShardFormatError(f"{where}: shardlist entry {number} needs 'url' and 'nsamples', has {sorted(entry)}")
-        url = entry["url"]
+    for number, entry in enumerate(shardlist):
+        if not isinstance(entry, dict) or "url" not in entry or "nsamples" not in entry:
+            raise bad(f"shardlist entry {number} needs 'url' and 'nsamples' (it is {entry!r:.80})")
+        url, count = entry["url"], entry["nsamples"]
+        if not isinstance(url, str) or not url.strip() or url.endswith("/") or "\0" in url:
+            raise bad(f"shardlist entry {number} has url {url!r:.80}, not the URL or path of a shard")
+        if type(count) is not int or not 0 <= count < 1 << 62:  # bool is an int, but not a count
+            raise bad(f"shardlist entry {number} ({url}) has nsamples {count!r:.80}, not a whole number of samples")
         if root and "://" not in url and not os.path.isabs(url):
             url = root.rstrip("/") + "/" + url
-        shards.append((url, int(entry["nsamples"])))
+        shards.append((url, count))
     return shards

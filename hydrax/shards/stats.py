@@ -60,6 +60,7 @@ def open_rgb(data: Any, *, orient: bool = False):
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     from ..image import ImageError, ProfileError, open_srgb
+    from ..image.decode import _DAMAGED, _pillow_reason
 
     try:
         image = open_srgb(io.BytesIO(bytes(data)), mode="RGB")
@@ -72,8 +73,8 @@ def open_rgb(data: Any, *, orient: bool = False):
         raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
     except ProfileError as exc:
         raise ImageError(f"its ICC profile cannot be used: {exc}") from None
-    except (OSError, SyntaxError, EOFError, ValueError) as exc:
-        raise ImageError(f"truncated or corrupt image: {exc}") from None
+    except _DAMAGED as exc:
+        raise ImageError(f"truncated or corrupt image: {_pillow_reason(exc)}") from None
     return image
 
 
@@ -85,14 +86,17 @@ def image_size(data: Any) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
 
     from ..image import ImageError
+    from ..image.decode import _DAMAGED, _pillow_reason
 
     try:
         with Image.open(io.BytesIO(bytes(data))) as image:
             return image.size
     except UnidentifiedImageError:
         raise ImageError("not an image Pillow can read") from None
-    except (OSError, SyntaxError, EOFError, ValueError) as exc:
-        raise ImageError(f"unreadable image header: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
+    except _DAMAGED as exc:
+        raise ImageError(f"unreadable image header: {_pillow_reason(exc)}") from None
 
 
 class ChannelMoments:

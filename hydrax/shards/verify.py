@@ -288,7 +288,8 @@ def _check_images(data, samples: list[Sample], report: ShardReport) -> None:
                 # a copy of the bytes, so no view into a mapping outlives the check
                 decode_into(bytes(data[offset : offset + size]), out)
             except ImageError as exc:
-                detail = _BUFFER_NAME.sub("", str(exc))
+                # the problem names the sample and field already, not only the bytes' length
+                detail = _BUFFER_NAME.sub("", str(exc)).removeprefix(f"bytes of length {size}: ")
                 report.problems.append(Problem("image", detail, offset=offset, key=sample.key, field=name))
             except Exception as exc:  # Pillow's plugins raise many kinds (ProfileError too); each is this image's fault
                 detail = _BUFFER_NAME.sub("", f"{type(exc).__name__}: {exc}")
