@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import numpy as np
+
 if TYPE_CHECKING:
     import jax
 
@@ -44,7 +46,7 @@ class _BatchData(Sequence):
 class Batch(ABC, Generic[D]):
     """A batch of loaded data. Do not derive from or instantiate this class."""
 
-    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "_layouts", "__weakref__")
+    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "_layouts", "_item_errors", "__weakref__")
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class Batch(ABC, Generic[D]):
         arrays: dict[str, jax.Array],
         additional: dict[str, list[Any]],
         layouts: MappingProxyType[str, ArrayLayout],
+        item_errors: dict[int, str] | None = None,
     ) -> None:
         self._group = group
         self._group_index = group_index
@@ -61,6 +64,7 @@ class Batch(ABC, Generic[D]):
         self._arrays = MappingProxyType(arrays)
         self._additional = MappingProxyType(additional)
         self._layouts = layouts
+        self._item_errors = MappingProxyType(dict(sorted((item_errors or {}).items())))
 
     def __len__(self) -> int:
         # The group's batch size, or this process's share of it when several processes split batches.
@@ -140,6 +144,21 @@ class Batch(ABC, Generic[D]):
         return default if value is None else value
 
     @property
+    def item_errors(self) -> MappingProxyType[int, str]:
+        """(hydrax extension) ``position -> error`` for the items of this batch whose loading
+        failed, with ``Dataloader(on_item_error="skip_item")``: their places in the arrays are
+        zeros and their extras are missing. Empty otherwise."""
+        return self._item_errors
+
+    @property
+    def item_mask(self) -> np.ndarray:
+        """(hydrax extension) One bool per item: False where the item failed and was skipped
+        (see :attr:`item_errors`), to weight a loss or a metric with."""
+        mask = np.ones(len(self), bool)
+        mask[list(self._item_errors)] = False
+        return mask
+
+    @property
     def uncached(self) -> bool:
         """True: batches come from the loaders (this version has no batch cache)."""
         return True
@@ -154,8 +173,8 @@ class TrainingBatch(Batch[D]):
 
     __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seeds")
 
-    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, epoch: int, epoch_batch: int, batch_num: int, seeds: Sequence[int]) -> None:
-        super().__init__(group, group_index, indices, arrays, additional, layouts)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, epoch: int, epoch_batch: int, batch_num: int, seeds: Sequence[int]) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors)
         self._epoch = epoch
         self._epoch_batch = epoch_batch
         self._batch_num = batch_num
@@ -200,8 +219,8 @@ class ValidationBatch(Batch[D]):
 
     __slots__ = ("_validation_epoch", "_validation_epoch_batch", "_validation_batch_num")
 
-    def __init__(self, group, group_index, indices, arrays, additional, layouts, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
-        super().__init__(group, group_index, indices, arrays, additional, layouts)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors)
         self._validation_epoch = validation_epoch
         self._validation_epoch_batch = validation_epoch_batch
         self._validation_batch_num = validation_batch_num

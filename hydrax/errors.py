@@ -98,3 +98,19 @@ class ObjectChangedError(StoreError):
 
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, after the configured retries."""
+
+
+class ImageError(HydraxError, ValueError):
+    """An image that cannot be decoded: truncated, corrupt, of an unknown format, or too large.
+
+    The message starts with what was decoded: the file's path, or ``bytes of length N``.
+    """
+
+
+class ProfileError(ImageError):
+    """An image's embedded ICC profile cannot be used: it is malformed, or it does not describe
+    the image's kind of data (for example a greyscale profile in an RGB image).
+
+    :func:`hydrax.image.open_srgb` and :func:`hydrax.image.decode_into` raise it unless called
+    with ``bad_profile="warn"``.
+    """

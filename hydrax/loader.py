@@ -34,6 +34,8 @@ D = TypeVar("D")
 _ONE_YEAR = 31_536_000
 _UNSET = object()
 _WAIT_SLICE_S = 0.1
+#: The choices of ``on_item_error``.
+ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
 _TASK_PIPE_BUDGET = 48 * 1024
 
@@ -159,6 +161,16 @@ class Dataloader(Generic[D]):
         Runs with ``sharding`` or with several processes never drop a batch: a failed batch
         raises :class:`hydrax.BatchFailedError`, on every process (see the "Multiple devices and
         hosts" guide).
+    :param on_item_error: (hydrax extension) what an item whose ``loader_func`` raises does to its
+        batch: ``"drop_batch"`` (the default, as in 0.2.2: the batch is dropped and its number
+        skipped), ``"skip_item"`` (the item's place is zero-filled, the batch is delivered, and
+        :attr:`Batch.item_errors` / :attr:`Batch.item_mask` say which items failed), or
+        ``"raise"`` (:class:`hydrax.BatchFailedError` ends the run). hydrax's own errors for data
+        that cannot be read (``StoreError``, ``ShardFormatError``) end the run in every mode.
+    :param max_consecutive_failures: (hydrax extension) raise :class:`hydrax.BatchFailedError`
+        once this many batches in a row have failed (dropped, or every item skipped): a loader
+        that fails on every item (a wrong field name, a store that is down) must not end the run
+        quietly with no batches. None: never (0.2.2's behaviour). See :attr:`dropped_batches`.
     """
 
     def __init__(
@@ -182,6 +194,8 @@ class Dataloader(Generic[D]):
         process_index: int | None = None,
         process_count: int | None = None,
         sharding: Any = None,
+        on_item_error: str = "drop_batch",
+        max_consecutive_failures: int | None = 10,
     ) -> None:
         if type(self) is not Dataloader:
             warnings.warn(f"{type(self).__name__} derives from hydrax.Dataloader. This is not supported.", SyntaxWarning, stacklevel=2)
@@ -235,6 +249,10 @@ class Dataloader(Generic[D]):
         if zero_copy is not None and not isinstance(zero_copy, bool):
             raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
         self._zero_copy = zero_copy
+        if on_item_error not in ON_ITEM_ERROR:
+            raise ValueError(f"on_item_error must be one of {', '.join(map(repr, ON_ITEM_ERROR))}, got {on_item_error!r}")
+        self._on_item_error = on_item_error
+        self._max_failures = None if max_consecutive_failures is None else _int("max_consecutive_failures", max_consecutive_failures, 1)
         self._process_index, self._process_count = _process_split(process_index, process_count)
         self._sharding = sharding
         if sharding is not None:
@@ -354,6 +372,16 @@ class Dataloader(Generic[D]):
         return self._process_count
 
     @property
+    def dropped_batches(self) -> int:
+        """(hydrax extension) Batches of this run dropped because an item failed (``on_item_error="drop_batch"``)."""
+        return self._pipeline.dropped_batches if self._pipeline is not None else 0
+
+    @property
+    def failed_items(self) -> int:
+        """(hydrax extension) Items of this run whose ``loader_func`` raised (each dropped its batch, or was skipped)."""
+        return self._pipeline.failed_items if self._pipeline is not None else 0
+
+    @property
     def deterministic(self) -> bool:
         """Whether batches are delivered in schedule order."""
         return self._deterministic
@@ -415,7 +443,8 @@ class Dataloader(Generic[D]):
         slot_size = max(layout.size for layout in layouts)
         self._arena = Arena(self._depth, slot_size, self._loader_count)
         group_specs = [GroupSpec.of(g, p, layout, i < len(self._training)) for i, (g, p, layout) in enumerate(zip(groups, plans, layouts))]
-        config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec())
+        config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec(),
+                              skip_failed_items=self._on_item_error == "skip_item")
 
         self._method = start_method()
         self._pool = WorkerPool(self._method)
@@ -430,7 +459,7 @@ class Dataloader(Generic[D]):
         self._pipeline = Pipeline(
             iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
             self._placement_func, self._deterministic, chunks, self._zero_copy,
-            self._group_shardings, self._strict, agreement, self._process_index,
+            self._group_shardings, self._strict, agreement, self._process_index, self._on_item_error, self._max_failures,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting
         # With the fork server, what cannot be pickled raises workers.ConfigPicklingError (a

@@ -78,6 +78,7 @@ class _InFlight:
     extras: dict[int, dict] = field(default_factory=dict)
     error: str | None = None
     prefetch_key: int | None = None
+    skipped: dict[int, str] = field(default_factory=dict)  # position -> why (on_item_error="skip_item")
 
 
 def step_words(step: Step) -> str:
@@ -119,6 +120,8 @@ class Pipeline:
         strict: bool = False,
         agreement: HostAgreement | None = None,
         process_index: int = 0,
+        on_item_error: str = "drop_batch",
+        max_consecutive_failures: int | None = None,
     ) -> None:
         self.output: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = TransferStats()
@@ -140,9 +143,16 @@ class Pipeline:
         self._strict = strict
         self.agreement = agreement
         self._process_index = process_index
+        self._on_item_error = on_item_error
+        self._budget = max_consecutive_failures
+        self._failed_in_a_row = 0
+        #: Batches dropped because an item failed, and items whose loading failed, so far.
+        self.dropped_batches = 0
+        self.failed_items = 0
+        self._last_error: str | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._task_batch: dict[int, tuple[int, int, int]] = {}  # task -> (batch seq, first, end position)
-        self._finished: dict[int, Batch | Ready | Failure | None] = {}
+        self._finished: dict[int, tuple[_InFlight, Batch | Ready | Failure | None]] = {}
         self._next_seq = 0
         self._deliver_seq = 0
         self._task_id = 0
@@ -236,7 +246,15 @@ class Pipeline:
         while not self._stopping.is_set():
             self._fill()
             if self._exhausted and not self._inflight:
-                self.output.put(End())
+                if self._budget is not None and self.dropped_batches and self.dropped_batches == self._next_seq:
+                    # Too short a run for the budget, and not one batch came through: an error,
+                    # not a run that ended.
+                    self.output.put(Failure(BatchFailedError(
+                        f"every one of the {self.dropped_batches} batches of the run failed to load; the last error: "
+                        f"{self._last_error}", batch="every batch", process_index=self._process_index, reason=self._last_error or "",
+                    )))
+                else:
+                    self.output.put(End())
                 return
             timeout = _POLL_S
             if self._pinned and not self._exhausted and self._arena.free_count == 0:
@@ -388,7 +406,7 @@ class Pipeline:
                 if message[0] == STARTUP_FAILED:
                     self._fail_worker(worker, "failed", message)
                     return False
-                task, ok, extras, error, elapsed, fatal = message
+                task, ok, extras, error, elapsed, fatal, skipped = message
                 seq, first, end = self._task_batch.pop(task)
                 record = self._inflight[seq]
                 if fatal is not None:
@@ -400,8 +418,14 @@ class Pipeline:
                     sample = elapsed / (end - first)
                     self._item_ns = sample if self._item_ns is None else 0.8 * self._item_ns + 0.2 * sample
                 record.remaining -= 1
-                if not ok and record.error is None:
-                    record.error = error
+                if not ok:
+                    self.failed_items += 1
+                    self._last_error = error
+                    if record.error is None:
+                        record.error = error
+                if skipped:
+                    self.failed_items += len(skipped)
+                    record.skipped.update(skipped)
                 if extras:
                     for k, value in enumerate(extras, first):
                         if value:
@@ -418,8 +442,9 @@ class Pipeline:
     def _finish(self, record: _InFlight) -> None:
         batch: Batch | Ready | Failure | None = None
         if record.error is not None:
+            self.dropped_batches += 1
             self._arena.free_now(record.slot)
-            if self._strict:
+            if self._strict or self._on_item_error == "raise":
                 batch = Failure(self.failure(record, record.error))
         elif self.lazy:
             batch = Ready(record)
@@ -429,26 +454,40 @@ class Pipeline:
             except Exception as exc:
                 batch = Failure(self.failure(record, f"placement failed: {exc!r}", exc)) if self._strict else None
         if not self._deterministic:
-            if batch is not None:
-                self.output.put(batch)
+            self._deliver(record, batch)
             return
-        self._finished[record.seq] = batch
+        self._finished[record.seq] = (record, batch)
         while self._deliver_seq in self._finished:
-            ready = self._finished.pop(self._deliver_seq)
+            done, ready = self._finished.pop(self._deliver_seq)
             self._deliver_seq += 1
-            if ready is not None:
-                self.output.put(ready)
+            self._deliver(done, ready)
             if self.agreement is not None and not isinstance(ready, Failure):
                 self.agreement.loaded(self._deliver_seq)
 
+    def _deliver(self, record: _InFlight, batch: Batch | Ready | Failure | None) -> None:
+        """Queue ``record``'s outcome (None: dropped), counting failed batches in delivery order:
+        one that was dropped, or whose every item was skipped, fails."""
+        failed = record.error is not None or len(record.skipped) == len(record.indices)
+        self._failed_in_a_row = self._failed_in_a_row + 1 if failed else 0
+        if failed and not isinstance(batch, Failure) and self._budget is not None and self._failed_in_a_row >= self._budget:
+            reason = record.error or next(iter(record.skipped.values()))
+            batch = Failure(self.failure(
+                record, f"{self._failed_in_a_row} batches in a row failed to load (max_consecutive_failures="
+                f"{self._budget}); the last error: {reason}. Whatever fails every item (a wrong field name, a store "
+                "that is down, revoked access) would otherwise drop the whole run quietly",
+            ))
+        if batch is not None:
+            self.output.put(batch)
+
     def failure(self, record: _InFlight, reason: str, cause: BaseException | None = None) -> BatchFailedError:
-        """The error that ends a strict run at ``record``'s batch; the other processes hear of it."""
+        """The error that ends the run at ``record``'s batch; the other processes hear of it."""
         batch = step_words(record.step)
         if self.agreement is not None:
             self.agreement.fail(record.seq, batch, reason)
+        why = (". A run whose batches are split over processes or placed with a sharding never drops a batch, so it "
+               "stops here") if self._strict else ""
         error = BatchFailedError(
-            f"{batch} could not be loaded or placed on process {self._process_index}: {reason}. A run whose batches "
-            "are split over processes or placed with a sharding never drops a batch, so it stops here",
+            f"{batch} could not be loaded or placed on process {self._process_index}: {reason}{why}",
             batch=batch, process_index=self._process_index, reason=reason,
         )
         error.__cause__ = cause
@@ -507,12 +546,12 @@ class Pipeline:
         step = record.step
         if isinstance(step, TrainingStep):
             return TrainingBatch(
-                group, step.group_index, record.indices, arrays, additional, layouts,
+                group, step.group_index, record.indices, arrays, additional, layouts, record.skipped,
                 epoch=step.epoch, epoch_batch=step.epoch_batch, batch_num=step.batch_num,
                 seeds=local_seeds(plan, step.epoch, step.group_index),
             )
         return ValidationBatch(
-            group, step.group_index, record.indices, arrays, additional, layouts,
+            group, step.group_index, record.indices, arrays, additional, layouts, record.skipped,
             validation_epoch=step.validation_epoch, validation_epoch_batch=step.validation_epoch_batch,
             validation_batch_num=step.validation_batch_num,
         )

@@ -100,6 +100,8 @@ class WorkerConfig:
     loader_nice: int
     groups: list[GroupSpec]
     arena: ArenaSpec
+    #: ``on_item_error="skip_item"``: a failed item is zeroed and reported, and its batch goes on.
+    skip_failed_items: bool = False
 
 
 def jax_backend_live() -> bool:
@@ -586,7 +588,7 @@ class _Loop:
             reason = (f"the extras of items {list(indices[first:end])} cannot be sent to the main process "
                       f"({type(error).__name__}: {error}); loader_func must return dicts that pickle")
         print(f"[hydrax] {reason}", file=sys.stderr, flush=True)
-        return (task_id, False, None, reason, 0, None)
+        return (task_id, False, None, reason, 0, None, None)
 
     def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
         spec = self.config.groups[group]
@@ -599,6 +601,7 @@ class _Loop:
         memory, status = self.memory, self.status
         started = time.perf_counter_ns()
         extras: list | None = None
+        skipped: list | None = None  # (position, why) of the items zeroed instead of loaded
         for k in range(first, end):
             _core.mark_item(memory, status, task, k)
             item = data[indices[k]]
@@ -610,9 +613,15 @@ class _Loop:
                 print(f"[hydrax] exception while loading data item: {item!r}", file=sys.stderr)
                 traceback.print_exc()
                 _clean_traceback(exc)
-                _core.mark_item(memory, status, 0, -1)
+                why = f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})"
                 fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
-                return (task, False, None, f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})", 0, fatal)
+                if self.config.skip_failed_items and fatal is None and isinstance(exc, Exception):
+                    for view in views.views[k]:
+                        view[...] = 0  # a defined content for the place of a skipped item
+                    skipped = (skipped or []) + [(k, why)]
+                    continue
+                _core.mark_item(memory, status, 0, -1)
+                return (task, False, None, why, 0, fatal, None)
             if views.dangling(k):
                 warnings.warn("loader memory has dangling reference", RuntimeWarning)
                 del self.views[(slot, group)]
@@ -622,7 +631,7 @@ class _Loop:
                     extras = [None] * (end - first)
                 extras[k - first] = result
         _core.mark_item(memory, status, 0, -1)
-        return (task, True, extras, None, time.perf_counter_ns() - started, None)
+        return (task, True, extras, None, time.perf_counter_ns() - started, None, skipped)
 
 
 def _short_repr(value: Any) -> str:

@@ -79,6 +79,15 @@ def test_bench_measures_a_loader_over_shards(tmp_path):
     assert result.returncode == 1 and "no image field txt in sample 'k00'" in result.stderr
     result = hydrax("bench", str(tmp_path / "b-*.tar"), "--decode", "bytes", "--seconds", "1", "-q")
     assert result.returncode == 0 and "items/s" in result.stdout
+    with ShardWriter(str(tmp_path / "c-%02d.tar"), maxcount=40) as writer:
+        for i in range(40):
+            buffer = io.BytesIO()
+            Image.fromarray(np.full((20, 24, 3), i, np.uint8)).save(buffer, "PNG")
+            writer.write({"__key__": f"k{i:02d}", "png": buffer.getvalue() if i != 3 else b"not a png"})
+    result = hydrax("bench", str(tmp_path / "c-*.tar"), "--seconds", "1.5", "--size", "16", "--batch-size", "8", "-q")
+    assert result.returncode == 0, result.stderr
+    lost = result.stdout.strip().splitlines()[-1]
+    assert lost.startswith("failed items ") and int(lost.split()[2].rstrip(",")) >= 1 and "dropped batches" in lost
 
 
 def test_python_m_hydrax_is_the_command():

@@ -14,6 +14,8 @@ records 0.2.2's wrong behaviour and the test asserts ours instead:
 * defect 2: ``interleave_groups=True`` is sequential in 0.2.2; ours picks, before every batch, the
   group with the lowest consumed fraction (ties to the lowest index).
 * defect 13: an end point at or before the start point never stops in 0.2.2; ours yields nothing.
+* a run in which every batch fails ends quietly in 0.2.2; ours raises ``BatchFailedError`` (and
+  gives 0.2.2's empty result with ``max_consecutive_failures=None``).
 * exactly-once validation across stop and resume: a run resumed on a batch-mode validation
   boundary does not start with that validation (the run that stopped there ran it), and a run
   stopped by a batch end point at an epoch end runs that epoch's validation.
@@ -30,6 +32,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import hydrax
 
@@ -77,10 +80,10 @@ def teardown_module(module):
     jax.config.update("jax_enable_x64", _X64_BEFORE.pop())
 
 
-def run_ours(sc: dict, *, loader_count: int | None = None, depth: int | None = None, deterministic: bool = True) -> dict:
+def run_ours(sc: dict, *, loader_count: int | None = None, depth: int | None = None, deterministic: bool = True, **extra) -> dict:
     """Replay scenario ``sc`` on our Dataloader (default placement); the result has the fixture's ``result`` format."""
     return compat_scenario.run_scenario(
-        hydrax, sc, loader_count=loader_count, depth=depth, deterministic=deterministic, dtype=DTYPE
+        hydrax, sc, loader_count=loader_count, depth=depth, deterministic=deterministic, dtype=DTYPE, extra=extra
     )
 
 
@@ -297,6 +300,15 @@ def test_fixture_is_from_hydrax_022():
 
 def test_compat_022(name):
     sc = SCENARIOS[name]
+    expected = sc["result"]
+    if expected["batches_per_epoch"] and sc["fail_items"] and not expected["batches"]:
+        # Every batch failed: 0.2.2 ended the run quietly with nothing; ours raises, unless the
+        # failure budget is switched off, which gives 0.2.2's (empty) result.
+        with pytest.raises(hydrax.BatchFailedError, match="failed to load"):
+            run_ours(sc)
+        ours = run_ours(sc, max_consecutive_failures=None)
+        assert_same_result(ours, expected_result(sc))
+        return
     ours = run_ours(sc)
     if 2 in sc["upstream_defects"]:
         check_interleaved(sc, ours)

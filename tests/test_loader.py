@@ -195,8 +195,57 @@ def test_a_failed_item_drops_its_batch_and_leaves_a_gap():
     assert [b[1] for b in got] == [n for n in range(6) if n not in holding_5]
 
 
-def test_a_run_whose_batches_all_fail_simply_ends():
-    assert run(load_always_failing, end_at=("epoch", 2)) == []
+def test_a_run_whose_batches_all_fail_raises_instead_of_ending_quietly():
+    with pytest.raises(hydrax.BatchFailedError, match="every one of the 4 batches of the run failed to load; the last error: ValueError: nothing loads"):
+        run(load_always_failing, end_at=("epoch", 2))
+    assert run(load_always_failing, end_at=("epoch", 2), max_consecutive_failures=None) == []  # 0.2.2's way
+
+
+def test_a_failure_budget_ends_a_run_that_keeps_failing_and_counts_what_it_lost():
+    group = DataGroup(4, range(200), loader_arrays=ARRAYS)  # 50 batches
+    with pytest.raises(hydrax.BatchFailedError, match=r"10 batches in a row failed to load \(max_consecutive_failures=10\)") as caught:
+        with Dataloader(load_always_failing, group, loader_count=2, end_at=("epoch", 1)) as dl:
+            for _batch in dl:
+                pass
+    assert caught.value.batch == "batch 9 (epoch 0)" and "nothing loads" in caught.value.reason
+    assert dl.dropped_batches >= 10 and dl.failed_items >= 10
+    # occasional failures are within the budget: dropped and counted, as 0.2.2 drops them
+    with Dataloader(load_failing, DataGroup(4, range(40), loader_arrays=ARRAYS), loader_count=2, end_at=("epoch", 3), max_consecutive_failures=2) as dl:
+        got = [b.batch_num for b in dl]
+        assert len(got) == 27 and dl.dropped_batches == 3 and dl.failed_items == 3
+
+
+def test_skip_item_keeps_the_batch_with_the_failed_item_zeroed_and_flagged():
+    group = DataGroup(4, range(12), loader_arrays=ARRAYS)
+    with Dataloader(load_failing, group, loader_count=2, end_at=("epoch", 1), on_item_error="skip_item") as dl:
+        batches = list(dl)
+        assert [b.batch_num for b in batches] == [0, 1, 2]
+        assert dl.dropped_batches == 0 and dl.failed_items == 1
+    second = batches[1]  # items 4..7: item 5 failed
+    assert dict(second.item_errors).keys() == {1} and "ValueError: planned failure (item 5: 5)" in second.item_errors[1]
+    assert second.item_mask.tolist() == [True, False, True, True]
+    assert np.asarray(second.arrays["item"]).tolist() == [4, 0, 6, 7]
+    assert np.asarray(second.arrays["vec"])[1].tolist() == [0, 0, 0]
+    assert second.get_additional("even") == [4, None, 6, None]
+    assert not batches[0].item_errors and batches[0].item_mask.all()
+    # a batch whose every item is skipped counts as failed: the budget still ends a hopeless run
+    delivered = []
+    with pytest.raises(hydrax.BatchFailedError, match="3 batches in a row"):
+        with Dataloader(load_always_failing, DataGroup(4, range(80), loader_arrays=ARRAYS), loader_count=2,
+                        end_at=("epoch", 1), on_item_error="skip_item", max_consecutive_failures=3) as dl:
+            delivered.extend(b.item_mask.any() for b in dl)
+    assert delivered == [False, False]
+
+
+def test_raise_ends_the_run_at_the_first_failed_item():
+    group = DataGroup(4, range(12), loader_arrays=ARRAYS)
+    got = []
+    with pytest.raises(hydrax.BatchFailedError, match="planned failure") as caught:
+        with Dataloader(load_failing, group, loader_count=2, end_at=("epoch", 1), on_item_error="raise") as dl:
+            got.extend(b.batch_num for b in dl)
+    assert got == [0] and caught.value.batch == "batch 1 (epoch 0)"
+    with pytest.raises(ValueError, match="on_item_error must be one of"):
+        Dataloader(load, group, on_item_error="ignore")
 
 
 def test_a_bad_return_value_drops_the_batch():

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 if now - started >= args.seconds:
                     break
             stats = loader.transfer_stats
+            dropped, failed = loader.dropped_batches, loader.failed_items
     except Exception as exc:  # a failing loader ends the measurement with its reason
         bar.close()
         report("bench", exc)
@@ -129,4 +130,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"items/s {items / elapsed:,.0f}  MB/s {size / elapsed / 1e6:,.1f}  batches/s {batches / elapsed:,.1f}  "
           f"waited {waited / 1e6 / elapsed:.0%}  first batch {first:.3f} s  "
           f"({items:,} items in {elapsed:.1f} s after the first batch; {stats['aliased_batches']} batches without a copy)")
+    if dropped or failed:
+        print(f"failed items {failed:,}, dropped batches {dropped:,} (their errors are above)")
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from .icc import ProfileError
+from ..errors import ImageError, ProfileError
 from .srgb import _check_convert
 from .transform import PixelTransform, transform_for
 
@@ -41,13 +41,6 @@ _DAMAGED = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, Ty
             OverflowError, struct.error, zlib.error)
 # Pillow names the file object it read in its messages, which says nothing to the reader.
 _OBJECT_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
-
-
-class ImageError(ValueError):
-    """An image that cannot be decoded: truncated, corrupt, of an unknown format, or too large.
-
-    The message starts with what was decoded: the file's path, or ``bytes of length N``.
-    """
 
 
 def _describe(data: Any) -> str:

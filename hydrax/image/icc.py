@@ -15,14 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ProfileError
 
-class ProfileError(ValueError):
-    """An image's embedded ICC profile cannot be used: it is malformed, or it does not describe
-    the image's kind of data (for example a greyscale profile in an RGB image).
 
-    :func:`hydrax.image.open_srgb` and :func:`hydrax.image.decode_into` raise it unless called
-    with ``bad_profile="warn"``.
-    """
 
 
 @dataclass(frozen=True)

@@ -115,11 +115,12 @@ def run_scenario(
     loader_count: int | None = None,
     depth: int | None = None,
     dtype: str = DTYPE,
+    extra: dict | None = None,
 ) -> dict:
     """Run scenario ``sc`` on ``hydrax.Dataloader``; the result has the fixture's ``result`` format.
 
     ``loader_count`` and ``depth`` override the scenario's own; ``placement_func=None`` leaves the
-    Dataloader's default placement.
+    Dataloader's default placement; ``extra`` adds arguments only this hydrax has.
     """
     training = [make_group(hydrax, g, dtype) for g in sc["training"]]
     validation_groups: list = []
@@ -141,6 +142,7 @@ def run_scenario(
         timeout_sec=30,
         startup_func=functools.partial(_set_fail_items, frozenset(sc["fail_items"])),
         placement_func=placement_func,
+        **(extra or {}),
     )
     batches = []
     max_batches = sc["max_batches"]
