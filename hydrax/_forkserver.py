@@ -26,10 +26,13 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import json
+import logging
 import os
 import sys
 import types
 from multiprocessing import process, spawn
+
+from .errors import MainImportError
 
 #: The environment variable that carries the parent's settings to the server, as JSON.
 CONFIG_ENV = "HYDRAX_FORKSERVER_CONFIG"
@@ -38,10 +41,6 @@ SERVING = False
 #: Marks the error raised when importing the main module fails in a helper process; the
 #: pipeline looks for it before advising the main guard.
 MAIN_IMPORT_FAILED = "hydrax: importing the main module in a helper process failed"
-
-
-class MainImportError(ImportError):
-    """The real main module was needed in a helper process, and importing it there failed."""
 
 
 def _install_stand_in(kind: str, target: str) -> None:
@@ -122,10 +121,12 @@ def _preload() -> None:
             pass
     bridge = sys.modules.get("jax._src.xla_bridge")
     if bridge is not None and getattr(bridge, "_backends", None):
-        print(
+        # The server is a new interpreter with no logging set up: Python's last resort shows
+        # this on stderr. Its workers are forked with os.fork, after which logging renews its
+        # locks (os.register_at_fork), so a worker never inherits one held by a server thread.
+        logging.getLogger(__name__).warning(
             "[hydrax] warning: importing the modules of the main script initialised a JAX backend in the loader "
-            "fork server, so loader workers are forked from a process with live XLA threads",
-            file=sys.stderr,
+            "fork server, so loader workers are forked from a process with live XLA threads"
         )
 
 

@@ -41,8 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         top.print_help()
         return 2
+    from .errors import WorkerError
+
     try:
         return args.run(args)
+    except WorkerError as exc:  # a KeyboardInterrupt (as in hydrax 0.2.2), but a failure, not the user's Ctrl+C
+        print(f"hydrax {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("hydrax: interrupted", file=sys.stderr)
         return 130

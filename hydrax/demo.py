@@ -1,20 +1,29 @@
 """hydrax end to end: ``python -m hydrax.demo`` (what ``make demo`` and ``hydrax demo`` run).
 
-It trains a small JAX classifier on the UCI handwritten digits, read from the PNG tar shards in
-the repository's ``shards/`` folder (built by ``tools/make_digits_shards.py`` with ``hydrax shards
-build``): several loader processes decode each PNG straight into its batch slot with
-``hydrax.image.decode_into``, the training set is shuffled shard-aware, a validation run follows
-every epoch, and a tqdm bar shows progress. It prints the validation accuracy of every epoch and
-the loader's throughput, then resumes from a checkpoint taken mid-run with ``start_at`` and shows
-that the resumed run ends with bit-identical parameters.
+It trains a small JAX classifier on the UCI handwritten digits, read from PNG tar shards: those in
+the repository's ``shards/`` folder when hydrax runs from a checkout, else shards built on first
+use from the digits shipped inside the package (``demo_digits.npz``, 45 kB) and kept in hydrax's
+cache (``$HYDRAX_CACHE``, else ``~/.cache/hydrax``, under ``demo/``), so the demo works from an
+installed wheel too. Both are the same shards: :func:`write_digits_shards` builds them the way
+``tools/make_digits_shards.py`` does, with hydrax's shard builder. Several loader processes decode
+each PNG straight into its batch slot with ``hydrax.image.decode_into``, the training set is
+shuffled shard-aware, a validation run follows every epoch, and a tqdm bar shows progress. It
+prints the validation accuracy of every epoch and the loader's throughput, then resumes from a
+checkpoint taken mid-run with ``start_at`` and shows that the resumed run ends with bit-identical
+parameters.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +33,101 @@ CLASSES = 10
 HIDDEN = 64
 
 
-def default_shards() -> str:
-    """``shards/`` of the working directory if it has the digits, else the repository's."""
-    here = Path("shards")
-    if list(here.glob("digits-train-*.tar")):
-        return str(here)
-    return str(Path(__file__).resolve().parents[1] / "shards")
+#: The 1,797 digits of scikit-learn's ``load_digits()`` (``images``: 8x8 uint8, values 0-16) and
+#: their ``labels``, in its order; saved with ``numpy.savez_compressed``. Source: E. Alpaydin and
+#: C. Kaynak, "Optical Recognition of Handwritten Digits", UCI Machine Learning Repository, 1998,
+#: https://doi.org/10.24432/C50P49, CC BY 4.0.
+DIGITS = Path(__file__).with_name("demo_digits.npz")
+#: The shards' names in a demo folder.
+TRAIN_PATTERN, VAL_PATTERN = "digits-train-%02d.tar", "digits-val-%02d.tar"
+#: Part of the cached shards' folder name: changes whenever what write_digits_shards writes does.
+_LAYOUT = "v1"
+
+
+def default_shards() -> str | None:
+    """``shards/`` of the working directory if it has the digits, else the repository's when hydrax
+    runs from a checkout; None for an installed hydrax (see :func:`cached_shards`)."""
+    for folder in (Path("shards"), Path(__file__).resolve().parents[1] / "shards"):
+        if list(folder.glob("digits-train-*.tar")) and list(folder.glob("digits-val-*.tar")):
+            return str(folder)
+    return None
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The digits shipped with hydrax: ``(images, labels)``, (1797, 8, 8) values 0-16 and (1797,)."""
+    with np.load(DIGITS, allow_pickle=False) as data:
+        return data["images"], data["labels"]
+
+
+def write_digits_shards(folder: str | os.PathLike, images: np.ndarray | None = None, labels: np.ndarray | None = None) -> list[str]:
+    """Write the demo's shards, each with its index, into ``folder``; returns their paths.
+
+    Each digit becomes an 8-bit grayscale PNG (value * 255 // 16) in a class-per-subfolder tree,
+    every 6th (300) under ``val/`` and the rest (1,497) under ``train/``, and each tree becomes
+    shards of at most 400 samples (``digits-train-00.tar`` ..., ``digits-val-00.tar``; fields
+    ``png``, ``cls``, ``label``; keys ``<label>/digit<NNNN>``) by hydrax's shard builder, shuffled
+    with seed 0, as ``hydrax shards build`` writes them. ``images`` and ``labels`` default to
+    :func:`load_digits`.
+    """
+    from PIL import Image
+
+    from .shards.build import build_shards, samples_from_folder
+
+    if images is None or labels is None:
+        images, labels = load_digits()
+    pixels = (np.asarray(images).astype(np.int64) * 255 // 16).astype(np.uint8)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="hydrax-digits-") as tree:
+        for i, (image, label) in enumerate(zip(pixels, labels)):
+            path = os.path.join(tree, "val" if i % 6 == 0 else "train", str(int(label)))
+            os.makedirs(path, exist_ok=True)
+            Image.fromarray(image, "L").save(os.path.join(path, f"digit{i:04d}.png"), optimize=True)
+        for split, pattern in (("train", TRAIN_PATTERN), ("val", VAL_PATTERN)):
+            report = build_shards(samples_from_folder(os.path.join(tree, split)), os.path.join(os.fspath(folder), pattern),
+                                  maxcount=400, shuffle_seed=0, check_images=True, force=True)
+            written += report.shards
+    return written
+
+
+def _cache_root() -> str:
+    from .shards.catalog import default_cache_dir
+
+    return default_cache_dir()
+
+
+@contextlib.contextmanager
+def cached_shards(announce=print) -> Iterator[str]:
+    """The folder of the demo's shards in hydrax's cache, built there by :func:`write_digits_shards`
+    on first use (under a temporary name, renamed when complete, so a folder of that name is
+    always whole). Where the cache cannot be written, a temporary folder that is removed on exit."""
+    digest = hashlib.sha256(DIGITS.read_bytes()).hexdigest()[:12]
+    root = os.path.join(_cache_root(), "demo")
+    final = os.path.join(root, f"digits-{_LAYOUT}-{digest}")
+    if os.path.isdir(final):
+        yield final
+        return
+    started = time.perf_counter()
+    try:
+        os.makedirs(root, exist_ok=True)
+        building = tempfile.mkdtemp(prefix=".digits-", dir=root)
+    except OSError as exc:
+        with tempfile.TemporaryDirectory(prefix="hydrax-demo-") as temporary:
+            announce(f"[demo] the cache {root} cannot be written ({exc.strerror or exc}); building the shards in {temporary}")
+            write_digits_shards(temporary)
+            yield temporary
+        return
+    try:
+        write_digits_shards(building)
+        try:
+            os.rename(building, final)
+        except OSError:
+            if not os.path.isdir(final):  # not another demo that finished first
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    announce(f"[demo] built the digit shards from the digits shipped with hydrax into {final} "
+             f"in {time.perf_counter() - started:.2f} s")
+    yield final
 
 
 def load_digit(sample, arrays, seed) -> None:
@@ -146,23 +244,31 @@ def _run(loader_args: dict, state, start_at, step, correct, *, checkpoint_at=Non
 def main(argv: list[str] | None = None) -> None:
     """Run the demo; exits non-zero when accuracy or the resume check falls short."""
     parser = argparse.ArgumentParser(prog="python -m hydrax.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", default=None, help="folder with digits-{train,val}-*.tar (default: the repository's shards/)")
+    parser.add_argument("--shards", default=None, help="folder with digits-{train,val}-*.tar (default: the repository's "
+                        "shards/, else shards built from the digits shipped with hydrax, kept in its cache)")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="loader processes")
     args = parser.parse_args(argv)
+    if args.epochs < 1 or args.workers < 1:
+        parser.error("--epochs and --workers must be at least 1")
+    folder = args.shards or default_shards()
+    with contextlib.nullcontext(folder) if folder else cached_shards() as folder:
+        _demo(args, folder)
 
+
+def _demo(args: argparse.Namespace, folder: str) -> None:
     import jax.numpy as jnp
 
     from hydrax import DataGroup
     from hydrax.shards import ShardSet
 
-    folder = args.shards or default_shards()
     try:
         # write_index=False: a checkout gives the shards new times; the indexes are checked, not rewritten
         train_set = ShardSet(os.path.join(folder, "digits-train-*.tar"), write_index=False)
         val_set = ShardSet(os.path.join(folder, "digits-val-*.tar"), write_index=False)
     except FileNotFoundError as exc:
-        raise SystemExit(f"[demo] {exc}: run it from the repository, or pass --shards (tools/make_digits_shards.py rebuilds them)")
+        raise SystemExit(f"[demo] {exc}: pass --shards a folder with digits-{{train,val}}-*.tar, or leave it out "
+                         "to use the digits shipped with hydrax")
     arrays = {"image": ((SIDE, SIDE, 3), np.float32, jnp.float32), "label": ((), np.int32, jnp.int32)}
     train = DataGroup(32, train_set, loader_arrays=arrays, seed=2024, shuffle_later="shardwise")
     valid = DataGroup(100, val_set, loader_arrays=arrays)

@@ -1,9 +1,24 @@
 """The exceptions hydrax raises, in one hierarchy.
 
 Every error of hydrax's own derives from :class:`HydraxError` and carries what it is about as
-attributes (``.url``, ``.offset``) as well as in words. Where a standard exception type already
-says what kind of failure it is, hydrax's error derives from it too, so ``except
-FileNotFoundError`` or ``except PermissionError`` keeps working.
+attributes as well as in words: ``.url``, ``.offset``, ``.key`` and ``.field`` of a
+:class:`LocatedError` (whose message is built from them), ``.batch``, ``.process_index`` and
+``.reason`` of a :class:`BatchFailedError`, ``.process_name``, ``.pid``, ``.exitcode``, ``.signal``,
+``.item``, ``.batch`` and ``.traceback`` of a :class:`WorkerError`. Where a standard exception type
+already says what kind of failure it is, hydrax's error derives from it too, so ``except
+FileNotFoundError`` or ``except PermissionError`` keeps working. The one exception to the rule is
+:class:`WorkerError`: a ``KeyboardInterrupt``, as hydrax 0.2.2 raised, so that ``except
+Exception`` does not swallow a dead worker.
+
+hydrax's diagnostics (a failed item, a dead worker, a run shutting down) go to the ``"hydrax"``
+logger and its children (``hydrax.loader``, ``hydrax.pipeline``, ``hydrax.workers``,
+``hydrax.shards.*``), with hydrax 0.2.2's words (``[hydrax]: dataloader failed``, ``[hydrax]
+exception while loading data item: ...`` with its traceback). A program that configures no
+logging sees the warnings and errors among them on stderr, as 0.2.2 printed them: that is
+Python's own last resort (:data:`logging.lastResort`), which hydrax leaves in place: it adds no
+handler of its own, not even a ``NullHandler``. Workers forked from the main process inherit its
+logging set-up; workers started from the fork server (once JAX is live) start from a fresh
+interpreter, so theirs is Python's default: warnings and errors on stderr.
 """
 
 from __future__ import annotations
@@ -21,8 +36,34 @@ class WorkerError(KeyboardInterrupt):
     """A loader process died or froze; the message names it and the item it was loading.
 
     It derives from KeyboardInterrupt because hydrax 0.2.2 surfaced a dead loader process as a
-    KeyboardInterrupt, and programs written for it catch that to save a checkpoint.
+    KeyboardInterrupt, and programs written for it catch that to save a checkpoint. (So it is not
+    a :class:`HydraxError`, which is an ``Exception``.)
+
+    Fields, each None where it is not known:
+
+    - ``process_name`` and ``pid``: the loader process (``"hydrax-loader-3"``);
+    - ``exitcode``: its exit status (negative: killed by a signal); None while it is still alive
+      (a frozen worker) or when it is not known;
+    - ``signal``: the name of the signal that killed it (``"SIGKILL"``), or None;
+    - ``item``: the repr of the data item it was loading (shortened past 200 characters);
+    - ``batch``: the batch that item belongs to, in words (``"batch 7 (epoch 1)"``);
+    - ``traceback``: the worker's traceback text, when it sent one (a worker that could not start
+      sends why before it exits).
     """
+
+    def __init__(self, message: str = "", *, process_name: str | None = None, pid: int | None = None,
+                 exitcode: int | None = None, signal: str | None = None, item: str | None = None,
+                 batch: str | None = None, traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.process_name = process_name
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal = signal
+        self.item = item
+        self.batch = batch
+        self.traceback = traceback
+
+    # BaseException pickles ``args`` and ``__dict__``: the fields travel with the message.
 
 
 class BatchFailedError(HydraxError, RuntimeError):
@@ -50,21 +91,55 @@ def _rebuild_batch_failed(message, batch, process_index, reason):
 
 
 class LocatedError(HydraxError):
-    """An error about a place in a file or object: ``url`` names it, ``offset`` the byte offset
-    when known (None otherwise)."""
+    """An error about a place in a file or object, with the place as fields.
 
-    def __init__(self, message: str, *, url: str | None = None, offset: int | None = None) -> None:
-        super().__init__(message)
+    - ``url``: the file or object (None when not known);
+    - ``offset``: the byte offset in it, when known (None otherwise);
+    - ``key`` and ``field``: the sample and the field of the sample it concerns, when it concerns
+      one (None otherwise);
+    - ``detail``: what is wrong, in words: the message without the place it starts with (after a
+      ``subject``, all that follows it, which may start with ``at byte offset N: ``).
+
+    The message is built from them: ``"<url>: at byte offset <offset>: <detail>"``, leaving out
+    what is not known (``"shard.tar: at byte offset 1536: sample 'k' has field 'jpg' twice
+    (...)"``). Where the words name the place otherwise (``"shard 's3://b/k' does not exist"``),
+    ``subject`` gives the words that come before ``detail`` (``"shard 's3://b/k' "``), and the
+    message is ``subject + detail``.
+    """
+
+    def __init__(self, detail: str, *, url: str | None = None, offset: int | None = None, key: str | None = None,
+                 field: str | None = None, subject: str | None = None) -> None:
+        self.detail = detail
         self.url = url
         self.offset = offset
+        self.key = key
+        self.field = field
+        self.subject = subject
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return self._lead() + self.detail
+
+    def _lead(self) -> str:
+        """The words of the message before ``detail``."""
+        if self.subject is not None:
+            return self.subject
+        place = [part for part in (self.url, None if self.offset is None else f"at byte offset {self.offset}") if part]
+        return "".join(part + ": " for part in place)
+
+    def _replace(self, **changes) -> LocatedError:
+        """An error of the same type and fields, but for those in ``changes``."""
+        fields = {name: getattr(self, name) for name in ("detail", "url", "offset", "key", "field", "subject")}
+        fields.update(changes)
+        return type(self)(fields.pop("detail"), **fields)
 
     def __reduce__(self):
-        # Exception pickling keeps only the message; workers send these to the main process.
-        return _rebuild, (type(self), str(self), self.url, self.offset)
+        # Exception pickling would keep only the message; workers send these to the main process.
+        return _rebuild, (type(self), self.detail, self.url, self.offset, self.key, self.field, self.subject)
 
 
-def _rebuild(kind, message, url, offset):
-    return kind(message, url=url, offset=offset)
+def _rebuild(kind, detail, url, offset, key=None, field=None, subject=None):
+    return kind(detail, url=url, offset=offset, key=key, field=field, subject=subject)
 
 
 class ShardFormatError(LocatedError, ValueError):
@@ -75,7 +150,7 @@ class StoreError(LocatedError, OSError):
     """A read or write on a shard store (local disk, S3, GCS, HTTP) that failed for good.
 
     ``url`` names the object, ``offset`` the byte offset of the read (None for whole objects and
-    listings). Transient failures are retried before this is raised, so a ``StoreError`` met
+    listings); the message usually names the object as ``shard '<url>'`` (its ``subject``). Transient failures are retried before this is raised, so a ``StoreError`` met
     while loading ends the run rather than silently dropping the data.
     """
 
@@ -98,6 +173,24 @@ class ObjectChangedError(StoreError):
 
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, after the configured retries."""
+
+
+class ConfigPicklingError(HydraxError, TypeError):
+    """What a worker runs cannot be pickled for a worker started from the fork server.
+
+    Raised on entering the Dataloader's ``with`` block once JAX is live (workers then start from
+    a fork server and receive ``loader_func``, ``startup_func`` and the groups' data pickled); the
+    message names the part that cannot be pickled (``loader_func's closure variable 'guard'``)
+    and what to do. A ``TypeError``, as pickling's own errors are.
+    """
+
+
+class MainImportError(HydraxError, ImportError):
+    """The real main module was needed in a helper process, and importing it there failed.
+
+    A process started from hydrax's fork server that looks up a name in the main module imports
+    it then, as multiprocessing's spawn would; this is what it raises when that import fails.
+    """
 
 
 class ImageError(HydraxError, ValueError):

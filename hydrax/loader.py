@@ -7,6 +7,7 @@ turns interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 pro
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -30,6 +31,7 @@ from .sharding import GroupSharding, as_shardings, plan_group
 from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, jax_backend_live, start_method, warm_forkserver
 
 D = TypeVar("D")
+log = logging.getLogger(__name__)
 
 _ONE_YEAR = 31_536_000
 _UNSET = object()
@@ -38,6 +40,23 @@ _WAIT_SLICE_S = 0.1
 ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
 _TASK_PIPE_BUDGET = 48 * 1024
+
+
+def _flush_logs() -> None:
+    """Flush every handler of the ``hydrax`` loggers' chain (and stderr) before ``os._exit``."""
+    logger: logging.Logger | None = log
+    while logger is not None:
+        for handler in logger.handlers:
+            try:
+                handler.flush()
+            except Exception:
+                pass
+        logger = logger.parent if logger.propagate else None
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except Exception:
+            pass
 
 
 def is_worker() -> bool:
@@ -444,7 +463,8 @@ class Dataloader(Generic[D]):
         self._arena = Arena(self._depth, slot_size, self._loader_count)
         group_specs = [GroupSpec.of(g, p, layout, i < len(self._training)) for i, (g, p, layout) in enumerate(zip(groups, plans, layouts))]
         config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec(),
-                              skip_failed_items=self._on_item_error == "skip_item")
+                              skip_failed_items=self._on_item_error == "skip_item",
+                              log_level=logging.getLogger("hydrax").getEffectiveLevel())
 
         self._method = start_method()
         self._pool = WorkerPool(self._method)
@@ -462,7 +482,7 @@ class Dataloader(Generic[D]):
             self._group_shardings, self._strict, agreement, self._process_index, self._on_item_error, self._max_failures,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting
-        # With the fork server, what cannot be pickled raises workers.ConfigPicklingError (a
+        # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
         # TypeError) here, naming the part and what to do.
         self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
         self._arena.close_fd()
@@ -478,11 +498,10 @@ class Dataloader(Generic[D]):
             self._interrupted = True
         failed = self._state == "failed"
         if failed:
-            print("[hydrax]: dataloader failed", file=sys.stderr)
-            if self._pipeline is not None:
-                print(self._pipeline.describe_workers(), file=sys.stderr)
+            workers = self._pipeline.describe_workers() if self._pipeline is not None else ""
+            log.error("[hydrax]: dataloader failed%s", "\n" + workers if workers else "")
         elif exc_type is not None:
-            print(f"[hydrax]: shutting down due to {exc_type.__name__}", file=sys.stderr)
+            log.warning("[hydrax]: shutting down due to %s", exc_type.__name__)
         self._shutdown()
         self._state = "done"
 
@@ -507,14 +526,16 @@ class Dataloader(Generic[D]):
 
     def _on_sigint(self, signum, frame) -> None:
         self._sigints += 1
+        # WARNING, so that a program that configured no logging sees them on stderr, as in 0.2.2
         if self._sigints == 1:
-            print("[hydrax] KeyboardInterrupt: interrupting, repeat to abort", file=sys.stderr, flush=True)
+            log.warning("[hydrax] KeyboardInterrupt: interrupting, repeat to abort")
             self._interrupted = True
         elif self._sigints == 2:
-            print("[hydrax] KeyboardInterrupt: aborting, repeat to terminate", file=sys.stderr, flush=True)
+            log.warning("[hydrax] KeyboardInterrupt: aborting, repeat to terminate")
             self._abort = True
         else:
-            print("[hydrax] KeyboardInterrupt: terminating", file=sys.stderr, flush=True)
+            log.warning("[hydrax] KeyboardInterrupt: terminating")
+            _flush_logs()
             os._exit(1)
 
     # -- iteration -------------------------------------------------------------------------------

@@ -9,14 +9,13 @@ that names the process and the item it was loading.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import selectors
 import signal
-import sys
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -33,6 +32,8 @@ from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, l
                        validation_item_order)
 from .sharding import GroupSharding
 from .workers import PIPELINE_THREAD, STARTUP_FAILED, WorkerPool
+
+log = logging.getLogger(__name__)
 
 #: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
 HEARTBEAT_STALE_S = 0.75
@@ -229,7 +230,7 @@ class Pipeline:
             self._start_announcing()
             self._loop()
         except BaseException as exc:  # never die silently: the training loop must hear of it
-            traceback.print_exc()
+            log.exception("[hydrax] the pipeline thread failed:")
             self.output.put(Failure(RuntimeError(f"hydrax pipeline thread failed: {exc!r}")))
 
     def _loop(self) -> None:
@@ -359,8 +360,7 @@ class Pipeline:
         try:
             data.prefetch(key, local_items(plan, order, step.group_index), kind)
         except Exception:  # read-ahead is an optimisation: the workers still read what they need
-            print("[hydrax] read-ahead failed; loading goes on without it:", file=sys.stderr)
-            traceback.print_exc()
+            log.warning("[hydrax] read-ahead failed; loading goes on without it:", exc_info=True)
             return None
         self._announced[key] = group
         return key
@@ -371,7 +371,7 @@ class Pipeline:
             try:
                 self._prefetchers[group].release(key)
             except Exception:
-                traceback.print_exc()
+                log.warning("[hydrax] read-ahead failed to release batch %d; loading goes on:", key, exc_info=True)
 
     def _submit(self, step: Step, slot: int, prefetch_key: int | None = None) -> None:
         group, epoch, order = self._step_group(step)
@@ -535,8 +535,7 @@ class Pipeline:
                 finally:
                     del views
         except Exception:
-            print(f"[hydrax] exception while placing {step_words(record.step)} of group {record.group}:", file=sys.stderr)
-            traceback.print_exc()
+            log.exception("[hydrax] exception while placing %s of group %d:", step_words(record.step), record.group)
             lease.seal()
             raise
         lease.seal()
@@ -566,8 +565,8 @@ class Pipeline:
                 return i, (now - beat) / 1e9
         return None
 
-    def describe_item(self, worker: int) -> str | None:
-        """What worker ``worker`` is loading, in words, or None when it is idle."""
+    def current_item(self, worker: int) -> _Loading | None:
+        """What worker ``worker`` is loading, or None when it is idle."""
         task, position, started = self._arena.current_item(worker)
         seq, _first, _end = self._task_batch.get(task, (None, 0, 0))
         record = self._inflight.get(seq) if seq is not None else None
@@ -583,7 +582,12 @@ class Pipeline:
         if len(item) > 200:
             item = item[:197] + "..."
         seconds = (time.monotonic_ns() - started) / 1e9
-        return f"item {index} ({item}) of {kind} group {group}, position {position} of {step_words(record.step)}, for {seconds:.1f} s"
+        return _Loading(index, item, kind, group, position, step_words(record.step), seconds)
+
+    def describe_item(self, worker: int) -> str | None:
+        """What worker ``worker`` is loading, in words, or None when it is idle."""
+        loading = self.current_item(worker)
+        return None if loading is None else loading.words()
 
     def describe_workers(self) -> str:
         """One line per worker: alive or not, and what it is loading; and who holds the slots."""
@@ -615,9 +619,11 @@ class Pipeline:
         process = self._pool.processes[worker]
         process.join(0.05)
         code = process.exitcode
+        killed_by = None
         if code is not None and code < 0:
             try:
-                how = f"was killed by {signal.Signals(-code).name}"
+                killed_by = signal.Signals(-code).name
+                how = f"was killed by {killed_by}"
             except ValueError:
                 how = f"was killed by signal {-code}"
         elif code is not None:
@@ -626,18 +632,39 @@ class Pipeline:
             how = what
         if report is None:
             report = self._startup_report(worker)
-        doing = self.describe_item(worker)
+        loading = self.current_item(worker)
         if report is not None:
             where = "during start-up: " + startup_failure_words(report)
-        elif doing:
-            where = f"while loading {doing}"
+        elif loading is not None:
+            where = f"while loading {loading.words()}"
         elif not self._arena.heartbeat(worker):
             where = "during start-up, before it could say why (its output, if any, is above)"
         else:
             where = "while idle"
         message = f"loader process {process.name} (pid {process.pid}) {how} {where}"
-        print(f"[hydrax] loader process exited, aborting: {message}", flush=True)
-        self.output.put(Failure(WorkerError(message)))
+        log.error("[hydrax] loader process exited, aborting: %s", message)
+        self.output.put(Failure(WorkerError(
+            message, process_name=process.name, pid=process.pid, exitcode=code, signal=killed_by,
+            item=None if loading is None else loading.item, batch=None if loading is None else loading.batch,
+            traceback=None if report is None else report[3],
+        )))
+
+
+@dataclass
+class _Loading:
+    """What a worker is loading: item ``index`` (``item`` is its repr) at ``position`` of ``batch``."""
+
+    index: int
+    item: str
+    kind: str  # "training" or "validation"
+    group: int
+    position: int
+    batch: str  # step_words of its batch
+    seconds: float
+
+    def words(self) -> str:
+        return (f"item {self.index} ({self.item}) of {self.kind} group {self.group}, position {self.position} of "
+                f"{self.batch}, for {self.seconds:.1f} s")
 
 
 def startup_failure_words(report: tuple) -> str:

@@ -29,6 +29,7 @@ import ctypes
 import functools
 import io
 import json
+import logging
 import marshal
 import multiprocessing as mp
 import os
@@ -52,8 +53,10 @@ import numpy as np
 
 from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
-from .errors import ShardFormatError, StoreError
+from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .schedule import GroupPlan, item_order, local_items, local_seeds, validation_item_order
+
+log = logging.getLogger(__name__)
 
 #: task id, slot, group, epoch, batch (group_index), first position, end position
 TASK = struct.Struct("<qiiqqii")
@@ -102,6 +105,10 @@ class WorkerConfig:
     arena: ArenaSpec
     #: ``on_item_error="skip_item"``: a failed item is zeroed and reported, and its batch goes on.
     skip_failed_items: bool = False
+    #: The main process's effective level of the ``hydrax`` logger. A forked worker inherits the
+    #: whole logging set-up; one started from the fork server (a fresh interpreter) takes this
+    #: level, so that quieting hydrax's messages in the program quiets its workers too.
+    log_level: int = logging.NOTSET
 
 
 def jax_backend_live() -> bool:
@@ -289,10 +296,6 @@ def _reduce_code(code: types.CodeType):
     return marshal.loads, (marshal.dumps(code),)
 
 
-class ConfigPicklingError(TypeError):
-    """What a worker runs cannot be pickled for a worker started from the fork server."""
-
-
 def pack_config(config: WorkerConfig) -> bytes:
     """``config`` pickled for workers started from the fork server.
 
@@ -394,13 +397,13 @@ def _release_fork_server() -> None:
 
 
 def _report_startup_failure(completions, index: int, stage: str, exc: BaseException) -> None:
-    """Tell the main process why this worker cannot start; print it where that fails."""
+    """Tell the main process why this worker cannot start; log it where that fails."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     line = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
     try:
         completions.send((STARTUP_FAILED, stage, line, text))
     except Exception:
-        print(f"[hydrax] loader process {index} could not start:\n{text}", file=sys.stderr, flush=True)
+        log.error("[hydrax] loader process %d could not start:\n%s", index, text.rstrip("\n"))
 
 
 def _die_with_parent() -> None:
@@ -494,6 +497,8 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except BaseException as exc:
             _report_startup_failure(completions, index, "unpickle", exc)
             sys.exit(1)
+        if config.log_level:
+            logging.getLogger("hydrax").setLevel(config.log_level)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     memory = config.arena.map(arena)
     status = status_line(index)
@@ -502,7 +507,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         try:
             os.nice(config.loader_nice)
         except OSError as exc:
-            print(f"[hydrax] loader_nice={config.loader_nice} not applied: {exc}", file=sys.stderr)
+            log.warning("[hydrax] loader_nice=%s not applied: %s", config.loader_nice, exc)
     if config.startup_func is not None:
         try:
             config.startup_func()
@@ -587,7 +592,7 @@ class _Loop:
         if reason is None:
             reason = (f"the extras of items {list(indices[first:end])} cannot be sent to the main process "
                       f"({type(error).__name__}: {error}); loader_func must return dicts that pickle")
-        print(f"[hydrax] {reason}", file=sys.stderr, flush=True)
+        log.error("[hydrax] %s", reason)
         return (task_id, False, None, reason, 0, None, None)
 
     def load(self, task: int, slot: int, group: int, epoch: int, group_index: int, first: int, end: int):
@@ -610,8 +615,8 @@ class _Loop:
                 if result is not None and __debug__:
                     result = _check_result(result)
             except BaseException as exc:
-                print(f"[hydrax] exception while loading data item: {item!r}", file=sys.stderr)
-                traceback.print_exc()
+                # 0.2.2's words, with the traceback; a program without logging set up sees them on stderr
+                log.exception("[hydrax] exception while loading data item: %r", item)
                 _clean_traceback(exc)
                 why = f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})"
                 fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None

@@ -1,5 +1,6 @@
 """The hydrax command."""
 
+import re
 import subprocess
 import sys
 
@@ -115,3 +116,150 @@ def test_bench_reads_shards_from_s3(s3_store, tmp_path):
                              "--batch-size", "10", "-q", "--endpoint-url", endpoint], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("items/s ") and float(result.stdout.split()[1].replace(",", "")) > 0
+
+
+def _image_folder(root, count=24):
+    """An image folder of two classes whose files alternate between PNG and JPEG (x000.png,
+    x001.jpg, ...), as photos collected from several sources are."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    for label in ("a", "b"):
+        (root / label).mkdir(parents=True)
+        for i in range(count):
+            image = Image.fromarray(rng.integers(0, 256, (30, 40, 3), np.uint8))
+            image.save(root / label / f"x{i:03d}.{'jpg' if i % 2 else 'png'}")
+    return root
+
+
+def test_bench_decodes_each_samples_own_image_field(tmp_path):
+    import time
+
+    built = hydrax("shards", "build", str(_image_folder(tmp_path / "photos")), str(tmp_path / "mixed-%02d.tar"), "--maxcount", "30", "-q")
+    assert built.returncode == 0, built.stderr
+    shards = str(tmp_path / "mixed-*.tar")
+    result = hydrax("bench", shards, "--seconds", "1.5", "--size", "16", "--batch-size", "8", "--shuffle", "itemwise")
+    assert result.returncode == 0, result.stderr
+    assert "decoding each sample's image field into 16x16" in result.stdout
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith("items/s ") and float(summary.split()[1].replace(",", "")) > 0
+    assert "failed items" not in result.stdout and "has no field" not in result.stderr and "Traceback" not in result.stderr
+    # --field: every sample must have it; the first JPEG sample ends the run, named with its fields
+    started = time.monotonic()
+    result = hydrax("bench", shards, "--field", "png", "--seconds", "20", "--size", "16", "--batch-size", "8", "--shuffle", "none", "-q")
+    assert result.returncode == 1 and time.monotonic() - started < 15, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hydrax bench: ") and "has no field 'png' (it has ['cls', 'jpg', 'label'])" in last, result.stderr
+    assert re.search(r"sample 'a/x0\d\d' has no field", last) and "--field png" in last
+    # a field the first sample lacks is refused before the run starts
+    result = hydrax("bench", shards, "--field", "jpg", "--seconds", "1")
+    assert result.returncode == 1 and "no image field jpg in sample 'a/x000'" in result.stderr
+    assert "(it has ['cls', 'label', 'png'])" in result.stderr
+
+
+def _slow_png(side):
+    """A ``side`` x ``side`` RGB PNG of one colour: small, but inflating it takes a second or so."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    rows = (b"\x00" + bytes([10, 200, 30]) * side) * side
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b"")
+
+
+def test_bench_seconds_bound_a_run_whose_batches_keep_failing(tmp_path):
+    """Every item is a large PNG cut short: each fails after a second or so of decoding, so no
+    batch ever comes. --seconds ends the run all the same (it used to go on until ten batches in a
+    row had failed, about 12 s here, or until the 20 s timeout), with status 1 and what was lost."""
+    import os
+    import time
+
+    from hydrax.shards import ShardWriter
+
+    truncated = _slow_png(9000)[:-1000]
+    with ShardWriter(str(tmp_path / "slow-%02d.tar"), maxcount=100) as writer:
+        for i in range(40):
+            writer.write({"__key__": f"k{i:02d}", "png": truncated})
+    process = subprocess.Popen([sys.executable, "-m", "hydrax", "bench", str(tmp_path / "slow-00.tar"), "--seconds", "3",
+                                "--workers", "1", "--batch-size", "1", "--size", "16", "--shuffle", "none"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        header = process.stdout.readline()  # printed just before the loader starts
+        started = time.monotonic()
+        out, err = process.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        process.kill()
+    assert header.startswith("40 samples in 1 shards"), header + err
+    assert process.returncode == 1, out + err
+    assert took < 6.5, f"the run took {took:.1f} s after the loader started, for --seconds 3"
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"hydrax bench: no batch came in 3 s: failed items [1-9]\d*, dropped batches [1-9]\d* \(their errors are above\)",
+                        last), err
+
+
+def _descendants(pid):
+    """The pids of the processes below ``pid``, with their parent's pid, from /proc."""
+    import os
+
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in found:
+                found[child] = ppid
+                frontier.append(child)
+    return found
+
+
+def test_bench_reports_a_dead_worker_and_exits_1(tmp_path):
+    """A loader process killed mid-run ends bench with the WorkerError's words and status 1 (it
+    printed "interrupted" and exited 130, as for a Ctrl+C, since WorkerError is a KeyboardInterrupt)."""
+    import os
+    import signal
+    import time
+
+    assert hydrax("shards", "build", str(_image_folder(tmp_path / "photos")), str(tmp_path / "w-%02d.tar"), "-q").returncode == 0
+    process = subprocess.Popen([sys.executable, "-m", "hydrax", "bench", str(tmp_path / "w-*.tar"), "--seconds", "60",
+                                "--batch-size", "4", "--size", "16"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        assert "samples in 1 shards" in process.stdout.readline()
+        workers = []
+        deadline = time.monotonic() + 30
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            workers = []
+            for pid, ppid in _descendants(process.pid).items():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        helper = ppid == process.pid and b"multiprocessing" in f.read()  # resource tracker, fork server
+                except OSError:
+                    continue
+                if not helper:
+                    workers.append(pid)
+        assert len(workers) == 2, workers
+        time.sleep(1.0)  # measuring now
+        os.kill(workers[0], signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = process.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        process.kill()
+    assert process.returncode == 1, out + err
+    assert took < 10, took
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("hydrax bench: loader process hydrax-loader-") and f"(pid {workers[0]}) was killed by SIGKILL" in last, err
+    assert "interrupted" not in err

@@ -93,6 +93,8 @@ def test_a_dead_or_frozen_worker_is_named_with_its_item(tmp_path, warm_jax, sig,
                     del batch
             except WorkerError as exc:
                 say("ERROR", round(time.monotonic() - hit, 3), exc)
+                say("FIELDS", json.dumps({{name: getattr(exc, name) for name in
+                    ("process_name", "pid", "exitcode", "signal", "item", "batch", "traceback")}}))
                 assert isinstance(exc, KeyboardInterrupt)
     """)
     result = run_script(path)
@@ -102,9 +104,21 @@ def test_a_dead_or_frozen_worker_is_named_with_its_item(tmp_path, warm_jax, sig,
     elapsed, message = lines["ERROR"].split(" ", 1)
     assert float(elapsed) < within, message
     assert f"loader process hydrax-loader-{worker}" in message and says in message
+    fields = json.loads(lines["FIELDS"])
+    assert fields["process_name"] == f"hydrax-loader-{worker}" and fields["pid"] == json.loads(lines["PIDS"])[worker]
+    assert fields["traceback"] is None  # it died without a word
     if sig == "SIGKILL":
         assert "of training group 0" in message
-    assert "[hydrax] loader process exited, aborting" in result.stdout + result.stderr
+        assert (fields["exitcode"], fields["signal"]) == (-signal.SIGKILL, "SIGKILL")
+        # items from 40 on take 0.2 s: the worker died in the middle of one, and the fields say which
+        assert int(fields["item"]) >= 40 and f"({fields['item']}) of training group 0" in message
+        assert fields["batch"].startswith("batch ") and fields["batch"].endswith(" (epoch 0)") and fields["batch"] in message
+    else:  # frozen, not dead: no exit status yet
+        assert (fields["exitcode"], fields["signal"]) == (None, None)
+        assert fields["item"] is None or f"({fields['item']})" in message
+    # diagnostics go to stderr (the "hydrax" logger; Python's last resort shows them), never stdout
+    assert "[hydrax] loader process exited, aborting: loader process hydrax-loader" in result.stderr
+    assert "[hydrax]" not in result.stdout
     assert "[hydrax]: dataloader failed" in result.stderr
     assert wait_gone(json.loads(lines["PIDS"])) == []
 

@@ -1,6 +1,7 @@
 """decode_into: colour judged against LittleCMS on the same pixels, and geometry, modes and bad input."""
 
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -388,3 +389,66 @@ def test_a_profile_for_other_data_is_refused():
     data = encode(sample_pixels(), profile=(ICC / "Gray.icc").read_bytes())  # a gray profile in an RGB image
     with pytest.raises(ProfileError, match="cannot convert a mode 'RGB' image"):
         decode_into(data, np.empty((64, 64, 3), np.uint8))
+
+
+def test_an_image_of_the_slots_size_is_copied_pixel_for_pixel():
+    """The default scale is the smallest that covers the slot: 1 for an image of the slot's size,
+    whatever its aspect ratio, so nothing is resampled (HWC and CHW, uint8 and float32, PNG and
+    JPEG, centre and random crops)."""
+    rng = np.random.default_rng(11)
+    for height, width in ((160, 200), (200, 160), (7, 300), (300, 7), (33, 50), (64, 64)):
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        jpeg = encode(pixels, "JPEG", quality=90)
+        for data, expected in ((encode(pixels), pixels), (jpeg, np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB")))):
+            for layout in ("hwc", "chw"):
+                want = expected if layout == "hwc" else expected.transpose(2, 0, 1)
+                for crop in ("center", "random"):
+                    out = np.empty(want.shape, np.uint8)
+                    decode_into(data, out, layout=layout, crop=crop, seed=3)
+                    assert np.array_equal(out, want), (height, width, layout, crop)
+                wide = np.empty(want.shape, np.float32)
+                decode_into(data, wide, layout=layout)
+                assert np.abs(wide * 255 - want).max() < 1e-3, (height, width, layout)
+        rgba = np.concatenate([pixels, rng.integers(0, 256, (height, width, 1), dtype=np.uint8)], axis=2)
+        out = np.empty((4, height, width), np.uint8)
+        decode_into(encode(rgba), out, layout="chw")
+        assert np.array_equal(out, rgba.transpose(2, 0, 1)), (height, width)
+        assert crop_box(width, height, height, width, None, "random", 9) == (0.0, 0.0, float(width), float(height))
+
+
+def test_other_sizes_are_covered_then_cropped_on_one_axis_without_stretching():
+    rng = np.random.default_rng(12)
+    # exactly twice a 50x80 (H x W) slot: scaled by 1/2 as a whole, nothing cropped
+    pixels = rng.integers(0, 256, (100, 160, 3), dtype=np.uint8)
+    out = np.empty((50, 80, 3), np.uint8)
+    decode_into(encode(pixels), out)
+    assert np.array_equal(out, np.asarray(Image.fromarray(pixels).resize((80, 50), Image.Resampling.BILINEAR)))
+    # wider than the slot: scaled by 1/2 to 200x50, the height fills the slot and 60 columns go on each side
+    pixels = rng.integers(0, 256, (100, 400, 3), dtype=np.uint8)
+    data = encode(pixels)
+    assert crop_box(400, 100, 50, 80, None, "center", None) == (120.0, 0.0, 280.0, 100.0)
+    decode_into(data, out)
+    reference = np.asarray(Image.fromarray(pixels).resize((200, 50), Image.Resampling.BILINEAR).crop((60, 0, 140, 50)))
+    assert np.abs(out.astype(int) - reference).mean() < 2  # one resampling step vs resize-then-crop
+    chw = np.empty((3, 50, 80), np.uint8)
+    decode_into(data, chw, layout="chw")
+    assert np.array_equal(chw, out.transpose(2, 0, 1))
+    # random crops move along the axis that sticks out only
+    boxes = {crop_box(400, 100, 50, 80, None, "random", s) for s in range(50)}
+    assert len(boxes) > 20 and all(b[1] == 0 and b[3] == 100 and b[2] - b[0] == 160 and 0 <= b[0] <= 240 for b in boxes)
+    # a size too small to cover the slot is raised to the covering scale (it used to stretch the image)
+    assert crop_box(400, 100, 50, 80, 20, "center", None) == (120.0, 0.0, 280.0, 100.0)
+    # a larger size zooms in, keeping the aspect ratio
+    assert crop_box(400, 100, 50, 80, 100, "center", None) == (160.0, 25.0, 240.0, 75.0)
+    # any shapes: the box keeps the slot's aspect ratio, lies in the image, and spans one whole side
+    for _ in range(300):
+        width, height, out_w, out_h = (int(v) for v in rng.integers(1, 600, 4))
+        for size in (None, int(rng.integers(1, 400))):
+            left, top, right, bottom = crop_box(width, height, out_h, out_w, size, "random", int(rng.integers(1 << 30)))
+            assert -1e-9 <= left < right <= width + 1e-9 and -1e-9 <= top < bottom <= height + 1e-9
+            if size is None:
+                assert math.isclose(right - left, width) or math.isclose(bottom - top, height)
+            sides = (right - left) / out_w, (bottom - top) / out_h  # image pixels per output pixel, each axis
+            assert abs(sides[0] - sides[1]) <= 1.01 * max(sides) / min(out_w, out_h) + 1e-9, (width, height, out_w, out_h, size)
+    with pytest.raises(ValueError, match="size must be a positive"):
+        decode_into(data, out, size=0)

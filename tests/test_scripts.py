@@ -205,9 +205,17 @@ def test_a_loader_a_worker_cannot_import_is_reported_with_its_cause(tmp_path):
 
 
 def test_a_failing_startup_func_is_reported_with_its_error():
-    error = last_json(run_script("methods_script.py", "startup"))["error"]
+    out = last_json(run_script("methods_script.py", "startup"))
+    error, fields = out["error"], out["fields"]
     assert "startup_func" in error and "RuntimeError: the start-up hook cannot find its model" in error
     assert "__main__" not in error
+    # the worker's own traceback, as a field too
+    assert fields["traceback"].startswith("Traceback (most recent call last):")
+    assert "in failing_startup" in fields["traceback"]
+    assert fields["traceback"].rstrip().endswith("RuntimeError: the start-up hook cannot find its model")
+    assert fields["process_name"].startswith("hydrax-loader-") and isinstance(fields["pid"], int)
+    assert fields["exitcode"] in (None, 1) and fields["signal"] is None  # sys.exit(1), if it is over yet
+    assert fields["item"] is None and fields["batch"] is None  # it never loaded anything
 
 
 def test_a_loader_that_cannot_be_pickled_is_refused_naming_the_culprit():

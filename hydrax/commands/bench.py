@@ -1,20 +1,39 @@
 """``hydrax bench``: measure a Dataloader over shards before a long run.
 
-Runs a Dataloader over the shards with the decode a training script would use (an image field
-decoded into a square uint8 slot with ``hydrax.image.decode_into``, or ``--decode bytes``: every
-field read, nothing decoded), shows items/s, MB/s, batches/s and the share of time the consumer
-waited, live, then prints a summary.
+Runs a Dataloader over the shards with the decode a training script would use (each sample's
+image decoded into a square uint8 slot with ``hydrax.image.decode_into``, or ``--decode bytes``:
+every field read, nothing decoded), shows items/s, MB/s, batches/s and the share of time the
+consumer waited, live, then prints a summary. It stops after --seconds, whatever the loader is
+doing then.
+
+The image of a sample is its first image field (jpg, png, webp, ...), so shards that mix image
+types (as `hydrax shards build` writes from a folder of JPEGs and PNGs) work; --field names the
+one field every sample must have (a sample without it ends the run, named with the fields it
+has). Items that fail (a damaged image) drop their batch and are counted in the summary; a run
+in which every batch fails, a dead loader process, or unreadable shards end it with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import threading
 import time
 
 import numpy as np
 
+from ..errors import ShardFormatError, WorkerError
 from ._common import add_s3_options, progress, report, shard_options
+
+#: How many samples at the start of the shards are looked at for an image field before the run.
+_PROBE = 64
+
+
+class MissingFieldError(ShardFormatError):
+    """A sample lacks the field ``--field`` names: the shards do not hold what the command was
+    asked to read. Like any :class:`ShardFormatError` raised in a worker, it ends the run at once,
+    rather than dropping every batch that holds such a sample."""
+
 
 def register(commands) -> None:
     parser = commands.add_parser(
@@ -25,12 +44,13 @@ def register(commands) -> None:
     parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns or s3:// URLs")
     parser.add_argument("--decode", choices=("image", "bytes"), default="image",
                         help="decode an image field into the batch (default), or only read every field")
-    parser.add_argument("--field", help="the image field (default: the first image field of the first sample)")
+    parser.add_argument("--field", help="the image field, which every sample must have (default: each sample's first image field)")
     parser.add_argument("--size", type=int, default=224, help="side of the square image slot (default 224)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2, help="loader processes (default 2)")
     parser.add_argument("--depth", type=int, default=4, help="batch slots (default 4)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="how long to measure (default 10)")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="how long to run, from the start of the loader; the run ends then even while batches are failing (default 10)")
     parser.add_argument("--shuffle", choices=("shardwise", "itemwise", "none"), default="shardwise",
                         help="item order (default shardwise)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no live bar, only the summary")
@@ -38,11 +58,31 @@ def register(commands) -> None:
     parser.set_defaults(run=run)
 
 
-def load_image(field: str, size: int, sample, arrays, seed) -> None:
-    """Decode ``sample[field]`` into the image slot (random crop and flip from the seed)."""
+def image_field(sample) -> str:
+    """The field holding ``sample``'s image: its first field that names an image type."""
+    from ..shards.tarindex import is_image_field
+
+    fields = sample.fields
+    for name in fields:
+        if is_image_field(name):
+            return name
+    raise ValueError(f"sample {sample.key!r} of {sample.url} has no image field (it has {sorted(fields)}); "
+                     "name one with --field, or use --decode bytes")
+
+
+def load_image(field: str | None, size: int, sample, arrays, seed) -> None:
+    """Decode the sample's image (``sample[field]``, or without ``field`` its own first image
+    field) into the image slot, with a random crop and flip from the seed."""
     from ..image import decode_into
 
-    data = sample[field]
+    if field is None:
+        name = image_field(sample)
+    elif field in sample.fields:
+        name = field
+    else:
+        raise MissingFieldError(f"sample {sample.key!r} has no field {field!r} (it has {sorted(sample.fields)}), "
+                                f"but --field {field} asks every sample for it", url=sample.url, key=sample.key, field=field)
+    data = sample[name]
     decode_into(data, arrays["image"], crop="random", flip=True, seed=seed)
     arrays["bytes"][...] = len(data)
 
@@ -53,18 +93,31 @@ def load_bytes(sample, arrays, seed) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..shards import ShardFormatError, ShardSet
+    from ..shards import ShardSet
     from ..shards.tarindex import is_image_field
 
+    if not args.seconds > 0:
+        report("bench", f"--seconds must be more than 0, got {args.seconds}")
+        return 2
     try:
         dataset = ShardSet(args.shards, **shard_options(args))
-        first_fields = dataset[0].fields if len(dataset) else {}  # loads the first index now, if it loads lazily
+        first = [dataset[i] for i in range(min(_PROBE, len(dataset)))]  # loads the first index now, if it loads lazily
+        probed = [sample.fields for sample in first]
     except (OSError, ShardFormatError, ValueError, NotImplementedError) as exc:
         report("bench", exc)
         return 1
     if len(dataset) == 0:
         report("bench", f"the shards {args.shards} hold no samples")
         return 1
+    if args.decode == "image":
+        if args.field is not None and args.field not in probed[0]:
+            report("bench", f"no image field {args.field} in sample {first[0].key!r} of {first[0].url} "
+                            f"(it has {sorted(probed[0])}); name one every sample has with --field, or use --decode bytes")
+            return 1
+        if args.field is None and not any(is_image_field(name) for fields in probed for name in fields):
+            report("bench", f"no image field in the first {len(first)} samples (sample {first[0].key!r} of {first[0].url} "
+                            f"has {sorted(probed[0])}); name one with --field, or use --decode bytes")
+            return 1
     # JAX loads only once the shards are known to be readable: a bad shard fails at once
     import jax.numpy as jnp
 
@@ -73,34 +126,35 @@ def run(args: argparse.Namespace) -> int:
 
     arrays = {"bytes": ((), np.int64, jnp.int64)}
     if args.decode == "image":
-        field = args.field or next((f for f in first_fields if is_image_field(f)), None)
-        if field is None or field not in first_fields:
-            report("bench", f"no image field {args.field or ''} in sample {dataset[0].key!r} of {dataset[0].url} "
-                            f"(it has {sorted(first_fields)}); name one with --field, or use --decode bytes")
-            return 1
         arrays["image"] = ((args.size, args.size, 3), np.uint8, jnp.uint8)
-        loader_func = functools.partial(load_image, field, args.size)
+        loader_func = functools.partial(load_image, args.field, args.size)
+        what = (f"decoding {args.field!r}" if args.field else "decoding each sample's image field") + f" into {args.size}x{args.size}"
     else:
-        field, loader_func = None, load_bytes
+        loader_func, what = load_bytes, "reading every field"
     shuffle = {"shardwise": "shardwise", "itemwise": "itemwise", "none": "repeat"}[args.shuffle]
     group = DataGroup(min(args.batch_size, len(dataset)), dataset, loader_arrays=arrays, shuffle_later=shuffle)
-    what = f"decoding {field!r} into {args.size}x{args.size}" if field else "reading every field"
     if not args.quiet:
         print(f"{len(dataset):,} samples in {len(dataset.urls)} shards; {what}; batch {group.batch_size}, {args.workers} loader processes")
     bar = progress(None, "bench", "item", args.quiet)
     items = batches = size = 0
     waited = 0
-    first = None
+    first_batch = None
     started = time.perf_counter()
+    measured = ended = started
     last_shown = started
+    timer = None
     try:
-        # A bounded wait: when every batch fails to load, none ever comes.
+        # No batch may come for a long time (every one failing, a slow store): --seconds is
+        # enforced by a timer, not by the loop, which only runs when a batch comes.
         patience = max(20, int(2 * args.seconds))
         with Dataloader(loader_func, group, loader_count=args.workers, depth=args.depth, timeout_sec=patience) as loader:
+            timer = threading.Timer(max(0.0, args.seconds - (time.perf_counter() - started)), _interrupt, (loader,))
+            timer.daemon = True
+            timer.start()
             for batch in loader:
                 now = time.perf_counter()
-                if first is None:
-                    first = now - started
+                if first_batch is None:
+                    first_batch = now - started
                     measured = now  # steady state: from the first batch on
                     loader.idle_usec()
                 else:
@@ -108,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
                     batches += 1
                     size += int(np.asarray(batch.arrays["bytes"]).sum())
                     waited += loader.idle_usec()
+                ended = now
                 bar.update(len(batch))
                 del batch
                 if now - last_shown > 0.5 and items:
@@ -118,18 +173,36 @@ def run(args: argparse.Namespace) -> int:
                     break
             stats = loader.transfer_stats
             dropped, failed = loader.dropped_batches, loader.failed_items
-    except Exception as exc:  # a failing loader ends the measurement with its reason
+    except (Exception, WorkerError) as exc:
+        # A failing loader ends the measurement with its reason; a loader process that died is
+        # a failure too, not the user's Ctrl+C (WorkerError is a KeyboardInterrupt).
         bar.close()
         report("bench", exc)
         return 1
+    finally:
+        if timer is not None:
+            timer.cancel()
     bar.close()
-    elapsed = time.perf_counter() - measured if first is not None else 0.0
+    elapsed = ended - measured
     if not items or elapsed <= 0:
-        report("bench", "no batches came in time: every batch failed to load (see the messages above), or --seconds is too short")
+        why = "no batch came" if first_batch is None else "only one batch came"
+        if failed:
+            report("bench", f"{why} in {args.seconds:g} s: failed items {failed:,}, dropped batches {dropped:,} "
+                            "(their errors are above)")
+        else:
+            report("bench", f"{why} in {args.seconds:g} s: the first batches took longer to load; raise --seconds")
         return 1
     print(f"items/s {items / elapsed:,.0f}  MB/s {size / elapsed / 1e6:,.1f}  batches/s {batches / elapsed:,.1f}  "
-          f"waited {waited / 1e6 / elapsed:.0%}  first batch {first:.3f} s  "
+          f"waited {waited / 1e6 / elapsed:.0%}  first batch {first_batch:.3f} s  "
           f"({items:,} items in {elapsed:.1f} s after the first batch; {stats['aliased_batches']} batches without a copy)")
     if dropped or failed:
         print(f"failed items {failed:,}, dropped batches {dropped:,} (their errors are above)")
     return 0
+
+
+def _interrupt(loader) -> None:
+    """End ``loader``'s iteration (from the timer thread) when --seconds are up."""
+    try:
+        loader.interrupt()
+    except RuntimeError:  # the run has already ended
+        pass

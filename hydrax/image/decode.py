@@ -7,10 +7,11 @@ One call per item in a loader function::
                     space="srgb", coefs=Coefs.IMAGENET_SRGB, layout="chw")
 
 Pillow decodes (JPEGs larger than twice the target are scaled down in the DCT domain as they
-decode), EXIF orientation is applied, the shorter side is resized and the crop taken in one
-resampling step, and then one pass of hydrax's kernel converts the few output pixels from the
-embedded profile to the requested space, encoding, dtype and layout, straight into ``out``.
-Colour work therefore scales with the output, not the photo.
+decode), EXIF orientation is applied, the image is resized by the smallest scale at which it
+covers the slot (an image of the slot's size stays 1:1; ``size`` sets the shorter side instead)
+and the crop taken in one resampling step, and then one pass of hydrax's kernel converts the few
+output pixels from the embedded profile to the requested space, encoding, dtype and layout,
+straight into ``out``. Colour work therefore scales with the output, not the photo.
 """
 
 from __future__ import annotations
@@ -78,13 +79,34 @@ def _mix(seed: int, stream: int) -> int:
     return z ^ (z >> 31)
 
 
+def scale_for(width: int, height: int, out_height: int, out_width: int, size: int | None = None) -> float:
+    """The factor a ``width`` x ``height`` image is resized by to fill an ``out_height`` x
+    ``out_width`` output.
+
+    Without ``size``: the smallest factor at which the image covers the output (both sides at
+    least the output's), so an image of the output's size is kept at 1:1 and one of another aspect
+    ratio loses only what sticks out on one axis. With ``size``: the shorter side becomes ``size``,
+    or more where that would not cover the output (the image is never stretched, nor the slot
+    left partly empty).
+    """
+    cover = max(out_width / width, out_height / height)
+    if size is None:
+        return cover
+    size = int(size)
+    if size < 1:
+        raise ValueError(f"size must be a positive number of pixels, got {size}")
+    return max(size / min(width, height), cover)
+
+
 def crop_box(width: int, height: int, out_height: int, out_width: int, size: int | None, crop: str,
              seed: int | None) -> tuple[float, float, float, float]:
     """The region of a ``width`` x ``height`` image that becomes the ``out_height`` x ``out_width``
-    output: the shorter side scaled to ``size`` (default: the larger output side), then a centred
-    or (from ``seed``) random crop. A pure function, so crops can be checked and replayed."""
-    size = max(out_height, out_width) if size is None else int(size)
-    scale = size / min(width, height)
+    output: the image resized by :func:`scale_for` (default: the smallest scale that covers the
+    output; with ``size``, the shorter side scaled to ``size``), then a centred or (from ``seed``)
+    random crop. A pure function, so crops can be checked and replayed.
+    """
+    scale = scale_for(width, height, out_height, out_width, size)
+    # the scale covers the output, so a side that rounding leaves a pixel short is the output's
     scaled_w, scaled_h = max(out_width, round(width * scale)), max(out_height, round(height * scale))
     if crop == "center":
         left, top = (scaled_w - out_width) // 2, (scaled_h - out_height) // 2
@@ -182,8 +204,11 @@ def decode_into(
 
     :param out: the item's array in the batch: (H, W, C) or, with ``layout="chw"``, (C, H, W), C
         3 (RGB) or 4 (RGBA; alpha 255 where the image has none), dtype uint8, float16 or float32.
-    :param size: the shorter side after resizing (default: the larger of H and W, so the crop fits
-        the whole shorter side).
+    :param size: the shorter side after resizing, in pixels (default None: the image is resized
+        by the smallest scale at which it covers ``out``, so an image of ``out``'s size is copied
+        pixel for pixel, and one of another shape keeps all of the side that fits and loses only
+        what sticks out of the other). A ``size`` too small to cover ``out`` is raised to the
+        covering scale: images are never stretched. See :func:`scale_for` and :func:`crop_box`.
     :param crop: ``"center"`` or ``"random"`` (a position drawn from ``seed``, reproducibly).
     :param flip: mirror left-right when ``seed`` says so (see :func:`flips`).
     :param seed: the loader's item seed; needed for a random crop or flip.
@@ -208,6 +233,8 @@ def decode_into(
     intent, flags = _check_convert(convert)
     if crop not in _CROPS:
         raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
+    if size is not None and int(size) < 1:
+        raise ValueError(f"size must be a positive number of pixels, got {size!r}")
     if (crop == "random" or flip) and seed is None:
         raise ValueError("a random crop or flip needs the item's seed (validation items have none: use crop='center', flip=False)")
     if not isinstance(out, np.ndarray) or out.ndim != 3:
@@ -228,8 +255,7 @@ def decode_into(
     width, height = image.size
     if orientation in _TRANSPOSED:
         width, height = height, width
-    target = max(out_h, out_w) if size is None else int(size)
-    scale = target / min(width, height)
+    scale = scale_for(width, height, out_h, out_w, size)
     if image.format == "JPEG" and scale <= 0.5:
         wanted = (int(width * scale) + 1, int(height * scale) + 1)
         image.draft(image.mode, wanted[::-1] if orientation in _TRANSPOSED else wanted)
@@ -245,7 +271,7 @@ def decode_into(
         if profile:
             image.info["icc_profile"] = profile
     image = _to_8bit(image)
-    box = crop_box(image.width, image.height, out_h, out_w, target, crop, seed)
+    box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
     filter_ = Image.Resampling.BILINEAR if resample is None else resample
     profile = image.info.get("icc_profile")
     resized = image.resize((out_w, out_h), filter_, box=box)
@@ -303,4 +329,4 @@ def _affine(dtype: np.dtype, channels: int, coefs) -> tuple[np.ndarray, np.ndarr
     return (np.asarray(scale, np.float64) * 255.0).astype(np.float32), np.asarray(offset, np.float32)
 
 
-__all__ = ["ImageError", "ProfileError", "crop_box", "decode_into", "flips"]
+__all__ = ["ImageError", "ProfileError", "crop_box", "decode_into", "flips", "scale_for"]

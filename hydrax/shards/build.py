@@ -96,7 +96,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ObjectNotFoundError
+from ..errors import HydraxError, ObjectNotFoundError
 from .catalog import INDEX_SUFFIX, ShardEntry, update_summary
 from .indexfile import ShardIndex, index_path
 from .store import S3Options, StoreOptions, is_remote, run_async, store_for
@@ -110,7 +110,7 @@ from .writer import ShardWriter
 MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 
 
-class BuildError(ValueError):
+class BuildError(HydraxError, ValueError):
     """A source or output the build refuses; the message names the file, row, key or URL."""
 
 
@@ -628,7 +628,7 @@ class _Output:
         try:
             found = self.store.list(prefix)
         except ObjectNotFoundError as exc:
-            raise ObjectNotFoundError(str(exc), url=prefix) from exc
+            raise exc._replace(url=prefix, subject=exc._lead()) from exc
         names = [info.url[len(prefix):] for info in found]
         return [prefix + name for name in names if "/" not in name and self.matches.fullmatch(name)]
 

@@ -85,7 +85,7 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                 if glob.has_magic(path):
                     matches = sorted(p for p in glob.glob(path) if not p.endswith(INDEX_SUFFIX))
                     if not matches:
-                        raise ObjectNotFoundError(f"shard pattern {url!r} matches no file", url=url)
+                        raise ObjectNotFoundError("matches no file", url=url, subject=f"shard pattern {url!r} ")
                     expanded += [ObjectInfo(p, -1, None, 0) for p in matches]
                 else:
                     expanded.append(ObjectInfo(path, -1, None, 0))
@@ -99,11 +99,12 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                 try:
                     found = store_for(url, options).list(folder)
                 except StoreError as exc:  # name the pattern the user gave
-                    raise type(exc)(str(exc).replace(repr(folder), repr(url)), url=url) from exc
+                    subject = None if exc.subject is None else exc.subject.replace(repr(folder), repr(url))
+                    raise exc._replace(url=url, subject=subject) from exc
                 listed.update((info.url, info) for info in found)
                 matches = [info for info in found if fnmatch.fnmatchcase(info.url, url) and not info.url.endswith(INDEX_SUFFIX)]
                 if not matches:
-                    raise ObjectNotFoundError(f"shard pattern {url!r} matches no object", url=url)
+                    raise ObjectNotFoundError("matches no object", url=url, subject=f"shard pattern {url!r} ")
                 expanded += matches
             else:
                 expanded.append(ObjectInfo(url, -1, None, 0))
@@ -130,7 +131,8 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
             except FileNotFoundError:
                 if os.path.exists(entry.url):
                     raise
-                raise ObjectNotFoundError(f"shard {entry.url!r} does not exist (check the path or pattern)", url=entry.url) from None
+                raise ObjectNotFoundError("does not exist (check the path or pattern)", url=entry.url,
+                                          subject=f"shard {entry.url!r} ") from None
             entry.size, entry.samples = entry.index.shard_size, len(entry.index)
     remote = [e for e in entries if is_remote(e.url)]
     if remote:
@@ -167,7 +169,7 @@ async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo]
         listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
     except StoreError as exc:
         first = next(e.url for e in entries if e.url.startswith(exc.url or ""))
-        raise type(exc)(f"shard {first!r}: {exc}", url=first) from exc
+        raise type(exc)(str(exc), url=first, subject=f"shard {first!r}: ") from exc
     for found in listings:
         listed.update((info.url, info) for info in found)
     unlisted = [e for e in entries if e.url not in listed and scheme_of(e.url) not in ("s3", "gs")]
@@ -176,7 +178,7 @@ async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo]
     for entry in entries:
         info = listed.get(entry.url)
         if info is None:
-            raise ObjectNotFoundError(f"shard {entry.url!r} does not exist; check the bucket and key", url=entry.url)
+            raise ObjectNotFoundError("does not exist; check the bucket and key", url=entry.url, subject=f"shard {entry.url!r} ")
         entry.size, entry.version = info.size, info.version
 
 
@@ -270,7 +272,7 @@ async def _build_async(entry: ShardEntry, store) -> ShardIndex:
     async with _build_slots[1]:
         data = await store.read_async(entry.url, version=entry.version)
     if len(data) != entry.size:
-        raise ObjectChangedError(f"shard {entry.url!r}: listed with {entry.size} bytes, read {len(data)}", url=entry.url)
+        raise ObjectChangedError(f"listed with {entry.size} bytes, read {len(data)}", url=entry.url, subject=f"shard {entry.url!r}: ")
     return index_from_bytes(data, entry.url, entry.size, 0, entry.version)
 
 
@@ -283,7 +285,8 @@ def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_i
             except FileNotFoundError:
                 if os.path.exists(entry.url):
                     raise
-                raise ObjectNotFoundError(f"shard {entry.url!r}, listed in the manifest, does not exist", url=entry.url) from None
+                raise ObjectNotFoundError("listed in the manifest, does not exist", url=entry.url,
+                                          subject=f"shard {entry.url!r}, ") from None
             _check_count(entry)
         else:
             run_async(load_index_async(entry, options, cache_dir, write_index))
@@ -308,7 +311,7 @@ async def load_index_async(entry: ShardEntry, options: StoreOptions, cache_dir: 
 def _check_count(entry: ShardEntry) -> None:
     if entry.samples is not None and len(entry.index) != entry.samples:
         count, entry.index = len(entry.index), None
-        raise ShardFormatError(f"{entry.url}: the manifest says {entry.samples} samples, its index has {count}; "
+        raise ShardFormatError(f"the manifest says {entry.samples} samples, its index has {count}; "
                                "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
 
 
@@ -334,19 +337,19 @@ def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEn
             folder = os.path.dirname(os.path.abspath(local_path(url)))
         descriptor = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ShardFormatError(f"{url}: not a JSON dataset manifest ({exc})", url=url) from exc
+        raise ShardFormatError(f"not a JSON dataset manifest ({exc})", url=url) from exc
     except FileNotFoundError as exc:
-        raise ObjectNotFoundError(f"manifest {url!r} does not exist", url=url) from exc
+        raise ObjectNotFoundError("does not exist", url=url, subject=f"manifest {url!r} ") from exc
     entries = manifest_entries(descriptor, folder, url)
     if not entries:
-        raise ShardFormatError(f"{url}: the manifest lists no shards", url=url)
+        raise ShardFormatError("the manifest lists no shards", url=url)
     return entries
 
 
 def manifest_entries(descriptor, folder: str, url: str) -> list[ShardEntry]:
     """The shards a parsed wids descriptor lists (relative URLs resolved against ``folder``)."""
     if not isinstance(descriptor, dict):
-        raise ShardFormatError(f"{url}: not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
+        raise ShardFormatError(f"not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
     pairs = read_wids_descriptor(descriptor, folder, where=url)
     entries = []
     for (shard_url, count), raw_entry in zip(pairs, descriptor.get("shardlist", [])):
@@ -384,7 +387,7 @@ def write_manifest(entries: Sequence[ShardEntry], url: str, options: StoreOption
     except StoreError:
         raise
     except OSError as exc:
-        raise StoreError(f"manifest {url!r}: {exc}", url=url) from exc
+        raise StoreError(str(exc), url=url, subject=f"manifest {url!r}: ") from exc
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,8 +134,9 @@ def _crc(data) -> int:
 def _bad(where: str, problem: str, offset: int | None = None) -> ShardFormatError:
     """The error for a damaged index file ``where``; ``offset`` is the byte of the file at fault, when known."""
     at = f" at byte offset {offset} of the index" if offset is not None else ""
-    return ShardFormatError(f"{where}: not a readable hydrax index ({problem}{at}); delete it, or rebuild it with "
-                            "`hydrax shards index --force`", url=where, offset=offset)
+    # ``offset`` is in the index file, not in a shard: the words place it inside the detail.
+    return ShardFormatError(f"not a readable hydrax index ({problem}{at}); delete it, or rebuild it with "
+                            "`hydrax shards index --force`", url=where, offset=offset, subject=f"{where}: ")
 
 
 class ShardIndex:
@@ -403,7 +404,7 @@ def index_from_bytes(data, url: str = "<buffer>", size: int | None = None, mtime
         length = len(view)
         result = _core.index_tar(view) if length else None
     if result is None:
-        raise ShardFormatError(f"{url}: at byte offset 0: the shard is empty (re-download or rewrite it)", url=url, offset=0)
+        raise ShardFormatError("the shard is empty (re-download or rewrite it)", url=url, offset=0)
     size = length if size is None else size
     status, offset, fields, *arrays = result
     if status == 0:
@@ -419,7 +420,7 @@ def build_index(shard: str) -> ShardIndex:
     with open(shard, "rb") as f:
         stat = os.fstat(f.fileno())
         if stat.st_size == 0:
-            raise ShardFormatError(f"{shard}: at byte offset 0: the shard is empty (re-download or rewrite it)", url=shard, offset=0)
+            raise ShardFormatError("the shard is empty (re-download or rewrite it)", url=shard, offset=0)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         return index_from_bytes(mapped, shard, stat.st_size, stat.st_mtime_ns)
@@ -468,9 +469,9 @@ def open_index(shard: str, *, write: bool = True) -> ShardIndex:
                     pass  # a read-only data folder: scan again next time
             return fresh
     raise ShardFormatError(
-        f"{shard}: its index {path} was built for a shard of {index.shard_size} bytes modified at "
+        f"its index {path} was built for a shard of {index.shard_size} bytes modified at "
         f"{index.shard_mtime_ns} ns, but the shard now has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns, "
-        "and other contents; delete the index, or rebuild it with `hydrax shards index`", url=path
+        "and other contents; delete the index, or rebuild it with `hydrax shards index`", url=path, subject=f"{shard}: "
     )
 
 
@@ -490,13 +491,13 @@ def read_wids_descriptor(source: str | dict, base: str | None = None, where: str
             with open(path, encoding="utf-8") as f:
                 descriptor = json.load(f)
         except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError
-            raise ShardFormatError(f"{path}: not a JSON {WIDS_KIND} descriptor ({exc})", url=path) from None
+            raise ShardFormatError(f"not a JSON {WIDS_KIND} descriptor ({exc})", url=path) from None
         here = base or os.path.dirname(os.path.abspath(path))
     where = where or (None if isinstance(source, dict) else os.fspath(source))
 
     def bad(problem: str) -> ShardFormatError:
-        return ShardFormatError(f"{where or 'the descriptor'}: {problem}; rewrite the descriptor "
-                                "(hydrax shards index --manifest writes one)", url=where)
+        return ShardFormatError(f"{problem}; rewrite the descriptor (hydrax shards index --manifest writes one)",
+                                url=where, subject=None if where else "the descriptor: ")
 
     if not isinstance(descriptor, dict) or descriptor.get("__kind__") != WIDS_KIND or "wids_version" not in descriptor:
         raise bad(f"not a {WIDS_KIND} descriptor (a JSON object with __kind__ {WIDS_KIND!r} and wids_version is needed)")

@@ -136,7 +136,7 @@ class ShardSet(Sequence["SampleRef"]):
         url = self.urls[shard]
         with open(url, "rb") as f:
             if os.fstat(f.fileno()).st_size != self.index(shard).shard_size:
-                raise ObjectChangedError(f"{url}: the shard changed since it was indexed; delete {url}.hidx and restart", url=url)
+                raise ObjectChangedError(f"the shard changed since it was indexed; delete {url}.hidx and restart", url=url)
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._maps[shard] = mapping
         while len(self._maps) > self.max_open:

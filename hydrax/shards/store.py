@@ -218,9 +218,9 @@ class LocalStore(Store):
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise ObjectNotFoundError(f"shard {url!r} does not exist (check the path or pattern)", url=url) from None
+            raise ObjectNotFoundError("does not exist (check the path or pattern)", url=url, subject=f"shard {url!r} ") from None
         except PermissionError as exc:
-            raise AccessDeniedError(f"shard {url!r}: {exc.strerror}", url=url) from exc
+            raise AccessDeniedError(str(exc.strerror), url=url, subject=f"shard {url!r}: ") from exc
         return ObjectInfo(url, st.st_size, None, st.st_mtime_ns)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
@@ -246,12 +246,12 @@ class LocalStore(Store):
                     return f.read()
                 data = os.pread(f.fileno(), size, offset)
         except FileNotFoundError:
-            raise ObjectNotFoundError(f"shard {url!r} does not exist", url=url, offset=offset) from None
+            raise ObjectNotFoundError("does not exist", url=url, offset=offset, subject=f"shard {url!r} ") from None
         except OSError as exc:
-            raise StoreError(f"shard {url!r} at byte offset {offset}: {exc}", url=url, offset=offset) from exc
+            raise StoreError(f"at byte offset {offset}: {exc}", url=url, offset=offset, subject=f"shard {url!r} ") from exc
         if len(data) != size:
-            raise ObjectChangedError(f"shard {url!r}: asked for {size} bytes at byte offset {offset}, the file has "
-                                     f"{len(data)} there (it changed since it was indexed)", url=url, offset=offset)
+            raise ObjectChangedError(f"asked for {size} bytes at byte offset {offset}, the file has {len(data)} there "
+                                     "(it changed since it was indexed)", url=url, offset=offset, subject=f"shard {url!r}: ")
         return data
 
     def write(self, url: str, data) -> ObjectInfo:
@@ -384,35 +384,39 @@ class ObjectStore(Store):
 
         if isinstance(exc, StoreError):
             return exc
-        where = "" if offset is None else f" at byte offset {offset}"
+        # "shard 'u' at byte offset N: what" or "shard 'u': what"; ``subject`` names the shard
+        at = "" if offset is None else f"at byte offset {offset}: "
+        shard = f"shard {url!r} " if at else f"shard {url!r}: "
+        subject = f"listing {url!r}: " if action == "list" else shard
+        where = "" if action == "list" else at
         text = str(exc)
         match = _CODE.search(text)
         code = next((g for g in match.groups() if g), "") if match else ""
         permission = _PERMISSION[action][self.scheme == "gs"] if self.scheme in ("s3", "gs") else "read access"
         if isinstance(exc, (FileNotFoundError, ox.NotFoundError)) or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
             if code == "NoSuchBucket":
-                return ObjectNotFoundError(f"{url}: the bucket {self.container!r} does not exist (NoSuchBucket)", url=url, offset=offset)
-            return ObjectNotFoundError(f"shard {url!r} does not exist{f' ({code})' if code else ''}; check the bucket and key",
-                                       url=url, offset=offset)
+                return ObjectNotFoundError(f"the bucket {self.container!r} does not exist (NoSuchBucket)", url=url, offset=offset,
+                                           subject=f"{url}: ")
+            return ObjectNotFoundError(f"does not exist{f' ({code})' if code else ''}; check the bucket and key",
+                                       url=url, offset=offset, subject=f"shard {url!r} ")
         if isinstance(exc, ox.PreconditionError) or code == "PreconditionFailed":
             return ObjectChangedError(
-                f"shard {url!r}{where}: the object was replaced after it was indexed (it is no longer version {version}); "
-                "rebuild its index (hydrax shards index --force) and restart", url=url, offset=offset)
+                f"{at}the object was replaced after it was indexed (it is no longer version {version}); "
+                "rebuild its index (hydrax shards index --force) and restart", url=url, offset=offset, subject=shard)
         if code in _REFUSED_CODES or isinstance(exc, ox.UnauthenticatedError):
-            return AccessDeniedError(f"shard {url!r}{where}: the store refused the credentials ({code or 'unauthenticated'}); "
-                                     "check the access key, secret and session token", url=url, offset=offset)
+            return AccessDeniedError(f"{at}the store refused the credentials ({code or 'unauthenticated'}); "
+                                     "check the access key, secret and session token", url=url, offset=offset, subject=shard)
         if isinstance(exc, ox.PermissionDeniedError) or code in ("AccessDenied", "Forbidden") or " 403 " in text:
-            return AccessDeniedError(f"shard {url!r}{where}: access denied ({code or 'AccessDenied'}); the credentials need "
-                                     f"{permission} on it (check the IAM and bucket policies)", url=url, offset=offset)
+            return AccessDeniedError(f"{at}access denied ({code or 'AccessDenied'}); the credentials need "
+                                     f"{permission} on it (check the IAM and bucket policies)", url=url, offset=offset, subject=shard)
         if _CONNECT.search(text):
             endpoint = getattr(self.options, "endpoint_url", None) or {"s3": "(the AWS default)", "gs": "(the Google default)"}.get(
                 self.scheme, f"{self.scheme}://{self.container}")
             kind = {"s3": "S3 endpoint", "gs": "GCS endpoint"}.get(self.scheme, "server")
-            what = f"listing {url!r}" if action == "list" else f"shard {url!r}{where}"
-            return StoreUnavailableError(f"{what}: cannot reach the {kind} {endpoint}: {_short(text)}; the request failed "
-                                         f"after retries ({self._attempts()} attempts)", url=url, offset=offset)
-        what = f"listing {url!r}" if action == "list" else f"shard {url!r}{where}"
-        return StoreUnavailableError(f"{what}: the request failed after retries: {_short(text)}", url=url, offset=offset)
+            return StoreUnavailableError(f"{where}cannot reach the {kind} {endpoint}: {_short(text)}; the request failed "
+                                         f"after retries ({self._attempts()} attempts)", url=url, offset=offset, subject=subject)
+        return StoreUnavailableError(f"{where}the request failed after retries: {_short(text)}", url=url, offset=offset,
+                                     subject=subject)
 
     def _attempts(self):
         return max(1, int(self.options.max_attempts))
@@ -467,7 +471,7 @@ class ObjectStore(Store):
         import obstore
 
         if self.scheme not in ("s3", "gs"):
-            raise StoreError(f"{prefix}: {self.scheme}:// servers cannot be listed; name the shards (brace ranges work)", url=prefix)
+            raise StoreError(f"{self.scheme}:// servers cannot be listed; name the shards (brace ranges work)", url=prefix)
         key_prefix = prefix[len(self._prefix):] if prefix.startswith(self._prefix) else ""
         # obstore lists by path segments: list the folder, then keep the names that match.
         folder = key_prefix.rpartition("/")[0]
@@ -537,7 +541,8 @@ class ObjectStore(Store):
                 result = await obstore.get_async(self.client(), key, options=self._get_options(position, end - position, version))
                 async for piece in result.stream(min_chunk_size=_STREAM_CHUNK):
                     if len(piece) > end - position:
-                        raise StoreUnavailableError(f"shard {url!r}: the server sent more bytes than asked for", url=url, offset=position)
+                        raise StoreUnavailableError("the server sent more bytes than asked for", url=url, offset=position,
+                                                                subject=f"shard {url!r}: ")
                     position += len(piece)
                     yield piece
                 if position < end:
@@ -581,8 +586,8 @@ class ObjectStore(Store):
 def _check_length(url: str, data, offset: int, size: int | None) -> None:
     if size is not None and len(data) != size:
         # A body cut short by the network, or an object shorter than its index says: retried first.
-        raise StoreUnavailableError(f"shard {url!r}: asked for {size} bytes at byte offset {offset}, got {len(data)}",
-                                    url=url, offset=offset)
+        raise StoreUnavailableError(f"asked for {size} bytes at byte offset {offset}, got {len(data)}",
+                                    url=url, offset=offset, subject=f"shard {url!r}: ")
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -614,8 +619,8 @@ def store_for(url: str, options: StoreOptions | None = None) -> Store:
     if scheme == "file":
         return _LOCAL
     if scheme not in REMOTE_SCHEMES:
-        raise StoreError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
-                         url=url)
+        raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
+                         url=url, subject=f"shard URL {url!r}: ")
     options = as_store_options(options)
     _, container, _ = _split(url, need_key=False)
     key = (scheme, container, options.for_scheme(scheme))

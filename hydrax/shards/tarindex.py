@@ -57,8 +57,7 @@ class Sample:
 
 def scan_error(url: str, status: int, offset: int) -> ShardFormatError:
     """The error for a status of the ``scan_tar`` / ``index_tar`` kernels at byte ``offset``."""
-    return ShardFormatError(f"{url}: at byte offset {offset}: {_MESSAGES.get(status, f'scan error {status}')}",
-                            url=url, offset=offset)
+    return ShardFormatError(_MESSAGES.get(status, f"scan error {status}"), url=url, offset=offset)
 
 
 def scan_members(data, url: str = "<buffer>") -> list[Member]:
@@ -100,9 +99,8 @@ def group_samples(members: list[Member], url: str = "<buffer>") -> list[Sample]:
         sample = samples[-1]
         if suffix in sample.fields:
             raise ShardFormatError(
-                f"{url}: at byte offset {member.offset}: sample {key!r} has field {suffix!r} twice "
-                "(members of one sample must have distinct extensions; rename or rewrite the shard)",
-                url=url, offset=member.offset,
+                f"sample {key!r} has field {suffix!r} twice (members of one sample must have distinct extensions; "
+                "rename or rewrite the shard)", url=url, offset=member.offset, key=key, field=suffix,
             )
         sample.fields[suffix] = (member.offset, member.size)
     return samples

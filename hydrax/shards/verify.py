@@ -28,6 +28,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..errors import LocatedError
 from .indexfile import ShardIndex, index_path
 from .store import S3Options, StoreOptions, is_remote, store_for
 from .tarindex import Sample, ShardFormatError, group_samples, is_image_field, scan_members
@@ -36,7 +37,6 @@ from .tarindex import Sample, ShardFormatError, group_samples, is_image_field, s
 
 # The edge of the array images are decoded into: small, so decoding is mostly the reading of the data.
 _DECODE_EDGE = 16
-_AT_OFFSET = re.compile(r"^at byte offset (\d+): (.*)$", re.DOTALL)
 # Pillow names the in-memory file it was given, which says nothing to the reader.
 _BUFFER_NAME = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
@@ -168,10 +168,10 @@ def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOp
     try:
         data = store_for(url, options).read(url)
     except FileNotFoundError as exc:
-        report.problems.append(Problem("missing", _without_url(str(exc), url)))
+        report.problems.append(Problem("missing", _detail(exc)))
         return
     except (OSError, ImportError, ValueError) as exc:  # unreachable store, refused credentials, bad URL
-        report.problems.append(Problem("unreadable", _without_url(str(exc), url)))
+        report.problems.append(Problem("unreadable", _detail(exc)))
         return
     report.size = len(data)
     if not data:
@@ -182,21 +182,17 @@ def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOp
         _check_images(data, samples, report)
 
 
-def _without_url(message: str, url: str) -> str:
-    """``message`` without a leading mention of ``url`` (the report names the shard already)."""
-    for prefix in (f"{url}: ", f"shard {url!r}: ", f"shard {url!r} "):
-        if message.startswith(prefix):
-            return message[len(prefix):]
-    return message
+def _detail(exc: BaseException) -> str:
+    """What ``exc`` says is wrong, without the object it names (the report names the shard already)."""
+    return exc.detail if isinstance(exc, LocatedError) else str(exc)
 
 
-def _format_problem(kind: str, exc: ShardFormatError, url: str) -> Problem:
-    """A Problem from a :class:`ShardFormatError`, its byte offset taken out of the message."""
-    message = _without_url(str(exc), url)
-    match = _AT_OFFSET.match(message)
-    if match is None:
-        return Problem(kind, message)
-    return Problem(kind, match.group(2), offset=int(match.group(1)))
+def _format_problem(kind: str, exc: ShardFormatError) -> Problem:
+    """A Problem from a :class:`ShardFormatError` of the shard's scan: its detail, at its byte offset.
+
+    Its key and field, which the detail names in words ("sample 'k' has field 'jpg' twice"), are
+    not repeated as the problem's place."""
+    return Problem(kind, exc.detail, offset=exc.offset)
 
 
 def _check_structure(data, report: ShardReport) -> list[Sample] | None:
@@ -205,13 +201,13 @@ def _check_structure(data, report: ShardReport) -> list[Sample] | None:
     try:
         members = scan_members(data, url)
     except ShardFormatError as exc:
-        report.problems.append(_format_problem("tar", exc, url))
+        report.problems.append(_format_problem("tar", exc))
         return None
     report.members = len(members)
     try:
         samples = group_samples(members, url)
     except ShardFormatError as exc:
-        report.problems.append(_format_problem("samples", exc, url))
+        report.problems.append(_format_problem("samples", exc))
         return None
     report.samples = len(samples)
     seen: set[str] = set()
@@ -235,7 +231,7 @@ def _check_index(path: str, samples: list[Sample], size: int, mtime_ns: int, rep
         return
     except (OSError, ShardFormatError) as exc:
         report.index = "unreadable"
-        report.problems.append(Problem("index", _without_url(str(exc), where) + f" (index {where})"))
+        report.problems.append(Problem("index", _detail(exc) + f" (index {where})"))
         return
     report.index = "ok"
     # A new modification time alone (a copy, a checkout) is fine: loaders check the headers

@@ -43,7 +43,8 @@ def run(loader, **kwargs):
         with Dataloader(loader, group(), loader_count=2, end_at=("epoch", 1), timeout_sec=20, **kwargs) as dl:
             return {"method": dl.start_method, "values": [int(v) for batch in dl for v in batch.arrays["x"]]}
     except WorkerError as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc), "fields": {name: getattr(exc, name) for name in
+                                              ("process_name", "pid", "exitcode", "signal", "item", "batch", "traceback")}}
 
 
 def mode_and_square(n):
