@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydrax-installed
 
-.PHONY: demo test fuzz bench docs clean
+.PHONY: demo test lint fuzz bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check hydrax tests tools
 
 # The mutation fuzzers at length (make test runs a few hundred mutants each)
 fuzz: $(STAMP)

@@ -13,6 +13,11 @@ from .types import LoaderFunc, PlacementFunc, StartupFunc
 
 __version__ = "0.3.0.dev0"
 
+__all__ = [
+    "ArrayLayout", "ArraySpec", "Batch", "BatchFailedError", "BatchTimeoutError", "DataGroup", "Dataloader", "LoaderFunc",
+    "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
+]
+
 from .workers import watch_jax_start as _watch_jax_start
 
 _watch_jax_start()

@@ -268,7 +268,7 @@ def _demo(args: argparse.Namespace, folder: str) -> None:
         val_set = ShardSet(os.path.join(folder, "digits-val-*.tar"), write_index=False)
     except FileNotFoundError as exc:
         raise SystemExit(f"[demo] {exc}: pass --shards a folder with digits-{{train,val}}-*.tar, or leave it out "
-                         "to use the digits shipped with hydrax")
+                         "to use the digits shipped with hydrax") from None
     arrays = {"image": ((SIDE, SIDE, 3), np.float32, jnp.float32), "label": ((), np.int32, jnp.int32)}
     train = DataGroup(32, train_set, loader_arrays=arrays, seed=2024, shuffle_later="shardwise")
     valid = DataGroup(100, val_set, loader_arrays=arrays)

@@ -579,7 +579,7 @@ class Dataloader(Generic[D]):
             agreement = self._pipeline.agreement
             if agreement is not None:
                 try:
-                    agreement.wait_for(seq, lambda: repr(item), self._timeout)
+                    agreement.wait_for(seq, lambda item=item: repr(item), self._timeout)
                 except BaseException as exc:
                     self._fail(exc)
                     raise

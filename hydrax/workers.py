@@ -628,7 +628,7 @@ class _Loop:
                 _core.mark_item(memory, status, 0, -1)
                 return (task, False, None, why, 0, fatal, None)
             if views.dangling(k):
-                warnings.warn("loader memory has dangling reference", RuntimeWarning)
+                warnings.warn("loader memory has dangling reference", RuntimeWarning, stacklevel=2)
                 del self.views[(slot, group)]
                 views = self.item_views(slot, group)
             if result:
@@ -660,7 +660,7 @@ def _check_result(result):
         raise TypeError(f"loader_func must return a dict or None, got {type(result).__name__}")
     for key, value in result.items():
         if isinstance(value, np.ndarray) or type(value).__module__.startswith(("jax", "jaxlib")):
-            warnings.warn(f"additional data '{key}' has array type {type(value)}", RuntimeWarning)
+            warnings.warn(f"additional data '{key}' has array type {type(value)}", RuntimeWarning, stacklevel=2)
     return result
 
 

@@ -255,3 +255,25 @@ def gcs_store():
     finally:
         process.kill()
         process.wait()
+
+
+# -- in CI, a test skipped for want of a package of the test extra is a failure ---------------------
+
+_MISSING_PACKAGE = "could not import"  # what pytest.importorskip says
+
+
+def _require_test_extra(report) -> None:
+    if os.environ.get("HYDRAX_REQUIRE_TEST_EXTRA") and report.skipped and _MISSING_PACKAGE in str(report.longrepr):
+        report.outcome = "failed"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _require_test_extra(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _require_test_extra(outcome.get_result())

@@ -25,7 +25,6 @@ import textwrap
 import numpy as np
 import pytest
 
-import hydrax
 from hydrax import errors
 from hydrax.errors import (AccessDeniedError, ConfigPicklingError, HydraxError, LocatedError, MainImportError,
                            ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError, StoreUnavailableError,

@@ -64,7 +64,7 @@ def mutate(profile: bytes, rng: random.Random) -> bytes:
             if data[entry : entry + 4] in (b"rTRC", b"gTRC", b"bTRC") and rng.random() < 0.7:
                 struct.pack_into(">II", data, entry + 4, at, rng.choice([len(curve), len(curve) // 2, 12]))
     elif op == 3:  # colorants: extreme s15Fixed16 numbers
-        for entry, offset, size in tags:
+        for entry, offset, _size in tags:
             if data[entry : entry + 4] in (b"rXYZ", b"gXYZ", b"bXYZ", b"wtpt") and offset + 20 <= len(data):
                 for k in range(3):
                     struct.pack_into(">i", data, offset + 8 + 4 * k, rng.choice([0, 0x7FFFFFFF, -0x80000000, rng.randrange(-2**31, 2**31)]))

@@ -50,7 +50,7 @@ def recorded(fixture, prefix):
 
 
 def test_predefined_coefs_match_022(fixture):
-    for name, status, expected in recorded(fixture, "coefs/"):
+    for name, _status, expected in recorded(fixture, "coefs/"):
         _, set_name, dtype = name.split("/")
         got = SETS[set_name]()[dtype]
         assert got.dtype == expected.dtype and np.array_equal(got, expected), name

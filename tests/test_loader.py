@@ -368,9 +368,8 @@ def test_interrupt_ends_the_iteration_after_the_current_batch():
 
 def test_leaving_the_block_early_counts_as_interrupted():
     with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS)) as dl:
-        for batch in dl:
+        for _batch in dl:
             break
-        del batch
     assert dl.interrupted
 
 
@@ -379,8 +378,8 @@ def test_an_exception_in_the_loop_shuts_everything_down(caplog):
     # (tests/test_errors.py checks that); under pytest it is captured here.
     with pytest.raises(ZeroDivisionError):
         with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS), loader_count=2) as dl:
-            for batch in dl:
-                1 / 0
+            for _batch in dl:
+                _ = 1 / 0
     said = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert ("hydrax.loader", "WARNING", "[hydrax]: shutting down due to ZeroDivisionError") in said
 

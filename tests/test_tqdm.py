@@ -199,7 +199,7 @@ def test_tbatches_leaves_loader_on_consumer_exception(clean_process):
     with pytest.raises(ZeroDivisionError):
         for batch in tbatches(loader, file=io.StringIO()):
             if batch.batch_num == 1:
-                1 / 0
+                _ = 1 / 0
             del batch
     assert loader.interrupted
     with pytest.raises(RuntimeError, match="not running"):

@@ -266,15 +266,15 @@ def main() -> None:
                 cases = {"webdataset stream, 1 process": lambda: webdataset_stream(urls, proxy.url)}
                 for loaders in ((2,) if args.quick else (2, 4)):
                     cases[f"hydrax shardwise, {loaders} loaders"] = (
-                        lambda n=loaders: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), n, "shardwise", args.sample_bytes)[0])
+                        lambda n=loaders, options=options: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), n, "shardwise", args.sample_bytes)[0])
                 if not args.quick:
                     cases["hydrax random order, 2 loaders"] = (
-                        lambda: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random", args.sample_bytes)[0])
+                        lambda options=options: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random", args.sample_bytes)[0])
                     # A read-ahead budget far below the dataset: shuffled samples read one ranged request each.
                     small = ReadAhead(max_bytes=8 << 20)
                     cases["hydrax random order, 2 loaders, 8 MiB read-ahead (ranged reads)"] = (
-                        lambda: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random", args.sample_bytes,
-                                             readahead=small)[0])
+                        lambda options=options, small=small: hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, "random",
+                                                                          args.sample_bytes, readahead=small)[0])
                 results = {name: [] for name in cases}
                 for _ in range(args.repeat):
                     for name, case in cases.items():

@@ -497,7 +497,7 @@ def run_perf(args, proxies: Proxies, moto_url: str, smalls: dict[str, bytes], bi
                     proxied = where != "direct"
                     if proxied:
                         proxies.call(where, "clear")
-                    wall, cpu, out = measure(lambda: work(clients[name, where]))
+                    wall, cpu, out = measure(lambda work=work, name=name, where=where: work(clients[name, where]))
                     check(case, out)
                     requests = body = None
                     if proxied:

@@ -88,7 +88,7 @@ def open_many(folder: str, count: int, repeat: int) -> dict[str, list[float]]:
             f.write(_to_v1_bytes(ShardIndex.load(index_path(shard))))
     times: dict[str, list[float]] = {"v1 (.npz)": [], "v2": []}
     # write_index=False: open_index would otherwise rewrite the v1 indexes as v2
-    for folder_, name in ((v1, "v1 (.npz)"), (v2, "v2")):
+    for folder_ in (v1, v2):
         ShardSet(os.path.join(folder_, "*.tar"), write_index=False)  # the first open; the page cache holds the files after it
     for _ in range(repeat):
         for folder_, name in ((v1, "v1 (.npz)"), (v2, "v2")):
