@@ -25,8 +25,8 @@ from posix.mman cimport mmap, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_FAI
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from posix.unistd cimport usleep
 
+import logging
 import os
-import sys
 
 import numpy as np
 
@@ -167,7 +167,7 @@ cdef class SlotLease:
         try:
             callback(self.slot)
         except BaseException as exc:  # a release can run in any thread; never let it raise there
-            print(f"[hydrax] error recycling batch slot {self.slot}: {exc!r}", file=sys.stderr)
+            logging.getLogger("hydrax.arena").error("[hydrax] error recycling batch slot %d: %r", self.slot, exc)
 
 
 def heartbeat(ArenaMap arena, Py_ssize_t offset, long period_us):

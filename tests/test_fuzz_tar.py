@@ -8,7 +8,9 @@ instead of stopping at the checksum. For every mutant:
 - the kernels return, never crash or hang (each batch runs in a child process with a deadline);
 - every member they report lies inside the data;
 - they agree with their pure-Python twins in ``hydrax/_fallback.py``;
-- the Python layer (``scan_members``) gives members or a ``ShardFormatError`` with the offset.
+- the Python layer (``scan_members``) gives members or a ``ShardFormatError`` with the offset;
+- the same bytes as a shard file on disk (``build_index``, which maps it) give an index whose
+  fields lie inside the file, or a ``ShardFormatError`` naming the file.
 
 ``HYDRAX_FUZZ`` sets the mutants per dialect (see ``tests/fuzzing.py``). A failure prints the seed
 and mutant number, and ``python tests/test_fuzz_tar.py SEED FIRST COUNT`` replays it.
@@ -17,9 +19,11 @@ and mutant number, and ``python tests/test_fuzz_tar.py SEED FIRST COUNT`` replay
 from __future__ import annotations
 
 import io
+import os
 import random
 import sys
 import tarfile
+import tempfile
 
 import numpy as np
 import pytest
@@ -166,6 +170,25 @@ def check(data: bytes) -> None:
         assert exc.url == "fuzz.tar" and exc.offset is not None and 0 <= exc.offset < len(data) + 512
     else:
         assert all(0 <= m.offset and m.offset + m.size <= len(data) for m in members)
+    _check_file(data)
+
+
+_FILE = os.path.join(tempfile.gettempdir(), f"hydrax-fuzz-{os.getpid()}.tar")
+
+
+def _check_file(data: bytes) -> None:
+    from hydrax.errors import ShardFormatError
+    from hydrax.shards.indexfile import build_index
+
+    with open(_FILE, "wb") as f:
+        f.write(data)
+    try:
+        index = build_index(_FILE)
+    except ShardFormatError as exc:
+        assert exc.url == _FILE, exc.url
+    else:
+        starts, ends = index.sample_spans()
+        assert ((starts >= 0) & (starts <= ends) & (ends <= len(data))).all() and index.shard_size == len(data)
 
 
 def run(seed: int, first: int, count: int) -> None:
@@ -197,4 +220,8 @@ def test_the_valid_shards_scan_cleanly():
 
 
 if __name__ == "__main__":
-    run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    try:
+        run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    finally:
+        if os.path.exists(_FILE):
+            os.unlink(_FILE)

@@ -7,8 +7,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import HydraxError
 
-class CommandError(Exception):
+
+class CommandError(HydraxError):
     """A failure to report in one line (naming the file or URL) with exit status 1."""
 
 
