@@ -115,6 +115,49 @@ def _fix_checksum(data: bytearray, header: int) -> None:
     data[header + 148 : header + 156] = b"%06o\0 " % sum(data[header : header + 512])
 
 
+def _header(kind: bytes, size_field: bytes, name: bytes = b"a.txt") -> bytearray:
+    """One checksum-valid header of type ``kind`` whose size field holds ``size_field`` verbatim."""
+    block = bytearray(512)
+    block[: len(name)] = name
+    block[100:108] = b"0000644\0"
+    block[124:136] = size_field
+    block[156:157] = kind
+    block[257:263] = b"ustar\0"
+    _fix_checksum(block, 0)
+    return block
+
+
+def _pax_member(records: bytes) -> bytes:
+    payload = records + bytes(-len(records) % 512)
+    return bytes(_header(b"x", b"%011o\0" % len(records))) + payload
+
+
+@pytest.mark.parametrize("case", ["pax record length of 20 digits", "base-256 size that overflows", "negative base-256 size on a global header",
+                                  "negative pax size", "pax size of 20 digits"])
+def test_hostile_number_fields_are_format_errors_never_crashes_or_hangs(case):
+    # issue 11: checksum-valid headers that once crashed the scanner, hung it inside nogil, or put
+    # a field of -100,000,000 bytes into an index
+    member = bytes(_header(b"0", b"%011o\0" % 3)) + b"abc".ljust(512, b"\0")
+    end = bytes(1024)
+    if case == "pax record length of 20 digits":
+        data = _pax_member(b"99999999999999999999 path=x\n") + member + end
+    elif case == "base-256 size that overflows":
+        data = bytes(_header(b"0", b"\x80" + b"\xff" * 11)) + member + end
+    elif case == "negative base-256 size on a global header":
+        data = bytes(_header(b"g", b"\xff" * 12)) + member + end
+    elif case == "negative pax size":
+        data = _pax_member(b"20 size=-100000000\n") + member + end
+    else:
+        data = _pax_member(b"32 size=99999999999999999999\n") + member + end
+    fast, fast_rows, slow, slow_rows = both_scans(data)
+    assert (fast, fast_rows) == (slow, slow_rows)
+    with pytest.raises(ShardFormatError) as caught:
+        scan_members(data, "hostile.tar")
+    assert caught.value.url == "hostile.tar" and caught.value.offset is not None
+    with pytest.raises(ShardFormatError):
+        index_from_bytes(data, "hostile.tar")
+
+
 def test_kernel_and_twin_agree_on_damaged_archives():
     rng = random.Random(1234)
     bases = [archive(fmt, entries_for(fmt)) for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT)]
