@@ -207,3 +207,25 @@ class ProfileError(ImageError):
     :func:`hydrax.image.open_srgb` and :func:`hydrax.image.decode_into` raise it unless called
     with ``bad_profile="warn"``.
     """
+
+
+class FieldNotFoundError(HydraxError, KeyError):
+    """A sample has no field of the name asked for (``sample["jpg"]`` on a sample without a
+    ``.jpg`` member). A ``KeyError``, as a missing key of a mapping is; ``url``, ``key`` and
+    ``field`` say which shard, sample and field."""
+
+    def __init__(self, message: str, *, url: str | None = None, key: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.key = key
+        self.field = field
+
+    def __str__(self) -> str:  # KeyError would show the message quoted, as a key
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (_rebuild_field_not_found, (str(self), self.url, self.key, self.field))
+
+
+def _rebuild_field_not_found(message, url, key, field):
+    return FieldNotFoundError(message, url=url, key=key, field=field)

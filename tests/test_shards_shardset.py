@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
+from hydrax.errors import HydraxError
 from hydrax.shards import SampleRef, ShardSet, expand_urls
 
 
@@ -53,8 +54,12 @@ def test_a_shardset_is_a_sequence_of_samples_equal_to_webdataset(shards):
         assert {f: bytes(ours[f]) for f in ours} == {f: sample[f] for f in ("cls", "bin")}
     assert isinstance(dataset[5]["bin"], memoryview)  # zero-copy view of the mapped shard
     assert dataset[-1].key == "k00211" and [s.key for s in dataset[9:11]] == ["k00009", "k00100"]
-    with pytest.raises(KeyError, match="has no field 'jpg'"):
+    with pytest.raises(KeyError, match="has no field 'jpg'") as caught:
         dataset[0]["jpg"]
+    # a KeyError, as for any mapping, but one of hydrax's errors, with the place as fields
+    assert isinstance(caught.value, HydraxError) and (caught.value.key, caught.value.field) == ("k00000", "jpg")
+    assert caught.value.url.endswith("train-0000.tar") and str(caught.value).startswith("sample 'k00000'")
+    assert pickle.loads(pickle.dumps(caught.value)).field == "jpg"
     with pytest.raises(IndexError):
         dataset[33]
     assert sorted(os.listdir(shards)) == sorted([f"train-{s:04d}.tar" for s in range(3)] + [f"train-{s:04d}.tar.hidx" for s in range(3)])

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import ObjectChangedError
+from ..errors import FieldNotFoundError, ObjectChangedError
 from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, load_index_async, resolve
 from .indexfile import ShardIndex
 from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
@@ -277,7 +277,8 @@ class SampleRef(Mapping[str, memoryview]):
         try:
             offset, size = self.fields[field]
         except KeyError:
-            raise KeyError(f"sample {self.key!r} in {self.url} has no field {field!r} (it has {sorted(self.fields)})") from None
+            raise FieldNotFoundError(f"sample {self.key!r} in {self.url} has no field {field!r} (it has {sorted(self.fields)})",
+                                     url=self.url, key=self.key, field=field) from None
         return self._set._read(self._shard, self._index, offset, size)
 
     def __iter__(self) -> Iterator[str]:
