@@ -98,7 +98,7 @@ class LocatedError(HydraxError):
     - ``key`` and ``field``: the sample and the field of the sample it concerns, when it concerns
       one (None otherwise);
     - ``detail``: what is wrong, in words: the message without the place it starts with (after a
-      ``subject``, all that follows it, which may start with ``at byte offset N: ``).
+      ``subject``, all that follows it, which may start with ``at byte offset N:``).
 
     The message is built from them: ``"<url>: at byte offset <offset>: <detail>"``, leaving out
     what is not known (``"shard.tar: at byte offset 1536: sample 'k' has field 'jpg' twice
