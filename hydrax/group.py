@@ -92,16 +92,6 @@ class SlotLayout:
     #: Bytes of the slot the share needs.
     size: int
 
-    @property
-    def contiguous(self) -> bool:
-        """True when every array's blocks follow each other without padding (one array view each)."""
-        for name, (shape, dtype, _jax, offset, _count) in self.arrays.items():
-            row = dtype.itemsize * int(np.prod(shape[1:]))
-            starts = np.cumsum((0, *self.blocks[:-1])) * row + offset
-            if tuple(int(x) for x in starts) != self.block_offsets[name]:
-                return False
-        return True
-
 
 def slot_layout(blocks: Sequence[int], specs: Mapping[str, ArraySpec], starts: Mapping[str, Iterable[int]] | None = None) -> SlotLayout:
     """The slot layout of a share of ``sum(blocks)`` rows in ``blocks`` of rows (see :class:`SlotLayout`).

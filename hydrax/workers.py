@@ -623,7 +623,9 @@ class _Loop:
                 if self.config.skip_failed_items and fatal is None and isinstance(exc, Exception):
                     for view in views.views[k]:
                         view[...] = 0  # a defined content for the place of a skipped item
-                    skipped = (skipped or []) + [(k, why)]
+                    if skipped is None:
+                        skipped = []
+                    skipped.append((k, why))
                     continue
                 _core.mark_item(memory, status, 0, -1)
                 return (task, False, None, why, 0, fatal, None)

@@ -5,22 +5,13 @@ import os
 import time
 
 import pytest
+from proctable import live_processes
 
 
 def descendants(root: int | None = None) -> set[int]:
     """Pids of every live process below ``root`` (default: this one), from /proc."""
     root = os.getpid() if root is None else root
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
+    parents = {pid: int(fields[1]) for pid, fields in live_processes().items()}
     found, frontier = set(), {root}
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found

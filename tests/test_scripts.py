@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proctable import live_processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
@@ -103,18 +104,7 @@ def test_lambda_and_closure_loaders_work_in_every_run_of_a_script():
 # -- defect 3: nothing outlives a killed main process ----------------------------------------------
 def session_processes(session: int) -> list[int]:
     """Live (not zombie) processes of ``session``, from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == session:
-            found.append(int(entry))
-    return found
+    return sorted(pid for pid, fields in live_processes().items() if int(fields[3]) == session)
 
 
 def lines_of(stream) -> queue.Queue:

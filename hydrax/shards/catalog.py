@@ -118,6 +118,17 @@ def is_manifest(urls) -> bool:
     return isinstance(urls, (str, os.PathLike)) and os.fspath(urls).endswith(".json")
 
 
+def _open_local(entry: ShardEntry, write_index: bool, missing: str, joint: str) -> ShardIndex:
+    """The index of the local shard ``entry``; a shard that is not there is an
+    :class:`ObjectNotFoundError` saying ``missing`` (after ``shard '<url>'`` and ``joint``)."""
+    try:
+        return open_index(entry.url, write=write_index)
+    except FileNotFoundError:
+        if os.path.exists(entry.url):
+            raise  # the shard is there: something else is missing
+        raise ObjectNotFoundError(missing, url=entry.url, subject=f"shard {entry.url!r}{joint}") from None
+
+
 def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry]:
     """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
     if is_manifest(urls):
@@ -126,13 +137,7 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
     entries = [ShardEntry(info.url) for info in shards]
     for entry in entries:
         if not is_remote(entry.url):
-            try:
-                entry.index = open_index(entry.url, write=write_index)
-            except FileNotFoundError:
-                if os.path.exists(entry.url):
-                    raise
-                raise ObjectNotFoundError("does not exist (check the path or pattern)", url=entry.url,
-                                          subject=f"shard {entry.url!r} ") from None
+            entry.index = _open_local(entry, write_index, "does not exist (check the path or pattern)", " ")
             entry.size, entry.samples = entry.index.shard_size, len(entry.index)
     remote = [e for e in entries if is_remote(e.url)]
     if remote:
@@ -280,13 +285,7 @@ def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_i
     """Load the index of ``entry`` now (a shard whose count came from a manifest, when it is first read)."""
     if entry.index is None:
         if not is_remote(entry.url):
-            try:
-                entry.index = open_index(entry.url, write=write_index)
-            except FileNotFoundError:
-                if os.path.exists(entry.url):
-                    raise
-                raise ObjectNotFoundError("listed in the manifest, does not exist", url=entry.url,
-                                          subject=f"shard {entry.url!r}, ") from None
+            entry.index = _open_local(entry, write_index, "listed in the manifest, does not exist", ", ")
             _check_count(entry)
         else:
             run_async(load_index_async(entry, options, cache_dir, write_index))
