@@ -13,6 +13,9 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# tensorcom 0.1.0, for the interoperability tests: its declared torch and webdataset are
+	# not needed by the modules the tests use (tenbin and zcom import numpy, pyzmq, braceexpand)
+	$(BIN)/python -m pip install --quiet --no-deps tensorcom==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,7 +1,8 @@
 """The ``hydrax`` command (also ``python -m hydrax``): one parser, with a module per subcommand.
 
 ``hydrax info``, ``hydrax demo``, ``hydrax shards build|index|verify|inspect``, ``hydrax show``,
-``hydrax stat`` and ``hydrax bench``; ``hydrax COMMAND --help`` explains each, with an example.
+``hydrax stat``, ``hydrax bench``, ``hydrax serve`` and ``hydrax monitor``; ``hydrax COMMAND --help``
+explains each, with an example.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import sys
 
 #: Subcommand modules in ``hydrax.commands``: top-level ones, then those under ``hydrax shards``.
-TOP_LEVEL = ("info", "demo", "show", "stat", "bench")
+TOP_LEVEL = ("info", "demo", "show", "stat", "bench", "serve", "monitor")
 SHARD_COMMANDS = ("build", "index", "verify", "inspect")
 
 

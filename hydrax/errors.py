@@ -229,3 +229,44 @@ class FieldNotFoundError(HydraxError, KeyError):
 
 def _rebuild_field_not_found(message, url, key, field):
     return FieldNotFoundError(message, url=url, key=key, field=field)
+
+
+class TenbinError(LocatedError, ValueError):
+    """tenbin data (a ``.ten`` file, a buffer, or the frames of one ZeroMQ message) that is not valid.
+
+    ``url`` names the file (None for a buffer or a message), ``offset`` the byte offset of the
+    chunk in a buffer or file (None for message frames), and ``detail`` says which array or frame
+    and what is wrong with it. Also raised for arrays that tenbin cannot carry (complex, object,
+    more than 32 dimensions).
+    """
+
+
+class ServeError(HydraxError):
+    """A failure of batch serving over ZeroMQ (:mod:`hydrax.serve`); ``url`` names the endpoint.
+
+    :param url: the endpoint, as the user wrote it (``"zpull://127.0.0.1:7880"``), or None.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+    def __reduce__(self):
+        return (_rebuild_serve, (type(self), str(self), self.url))
+
+
+def _rebuild_serve(kind, message, url):
+    return kind(message, url=url)
+
+
+class MessageError(ServeError, ValueError):
+    """A message that cannot be decoded: malformed frames, an unknown envelope, more bytes than
+    ``max_message_bytes``, or arrays that do not match the schema the consumer expects. The
+    consumer survives it: the message is counted and, unless ``on_bad_message="raise"``, skipped.
+    """
+
+
+class PeerTimeoutError(ServeError, TimeoutError):
+    """A peer went silent: no message (data, marker or heartbeat) reached a consumer within its
+    ``timeout``, or no consumer took a producer's batch within the producer's ``timeout``. The
+    message names the endpoints and what was last seen from them."""

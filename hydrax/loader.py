@@ -7,6 +7,7 @@ turns interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 pro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -360,6 +361,27 @@ class Dataloader(Generic[D]):
         return [getattr(f, "__module__", None) for f in (self._loader_func, self._startup_func)]
 
     # -- properties ------------------------------------------------------------------------------
+    def select_stream(self, index: int, count: int, first: int = 0) -> None:
+        """Deliver only this producer's share of the run: stream positions ``first`` and on that
+        are ``index`` modulo ``count`` (before entering the ``with`` block).
+
+        The *stream* is the run's batches, training and validation, in schedule order, numbered
+        from 0 at ``start_at`` (:func:`hydrax.schedule.stream_positions`). ``count`` producers
+        with indexes ``0 .. count-1`` serve disjoint batches that together make the whole run,
+        each with the numbers, items and seeds it has in the full run; :func:`hydrax.serve.serve`
+        uses this to feed one training job from several machines. Such a run never drops a
+        batch (a consumer waits for every position): a batch that fails raises
+        :class:`BatchFailedError`, as a multi-process run does.
+        """
+        if self._state != "new":
+            raise RuntimeError("select_stream must be called before the Dataloader is entered")
+        count = _int("stream count", count, 1)
+        index = _int("stream index", index)
+        if index >= count:
+            raise ValueError(f"stream index {index} is not below the count {count}")
+        self._plan = dataclasses.replace(self._plan, stream=(index, count, _int("stream first", first)))
+        self._strict = True
+
     @property
     def batches_per_epoch(self) -> int:
         """Training batches in one epoch (over all training groups)."""

@@ -353,6 +353,9 @@ class Plan:
     start: tuple[int, int] = (0, 0)
     end: tuple[str, int] | None = None
     interleave: bool = True
+    #: ``(index, count, first)``: only stream positions ``p >= first`` with ``p % count == index``
+    #: (see :func:`stream_positions`); None: every batch.
+    stream: tuple[int, int, int] | None = None
 
     @property
     def batches_per_epoch(self) -> int:
@@ -409,7 +412,29 @@ def epoch_group_sequence(plan: Plan) -> list[tuple[int, int]]:
     return sequence
 
 
+def stream_positions(index: int, count: int, first: int = 0) -> Iterator[int]:
+    """The positions one of ``count`` producers serves, from ``first`` on: ``index``, ``index + count``, ...
+
+    A run's *stream* is its batches, training and validation, in schedule order, numbered from 0
+    at ``start_at``. Producers that split a stream this way serve disjoint batches whose union
+    is the whole run, and a consumer that knows the rule puts them back in order.
+    """
+    position = first + (index - first) % count
+    while True:
+        yield position
+        position += count
+
+
 def iter_steps(plan: Plan) -> Iterator[Step]:
+    """The run's batches in schedule order, or only those of ``plan.stream`` (see :func:`stream_positions`)."""
+    steps = _schedule_steps(plan)
+    if plan.stream is None:
+        return steps
+    index, count, first = plan.stream
+    return (step for position, step in enumerate(steps) if position >= first and position % count == index)
+
+
+def _schedule_steps(plan: Plan) -> Iterator[Step]:
     """Yield the batches of a run in schedule order (forever when the plan has no end).
 
     Batches before ``plan.start`` are walked "virtually" so numbering, permutations and seeds are

@@ -1,0 +1,387 @@
+"""Reliable, ordered serving: every batch of a run exactly once, across producer crashes.
+
+``count`` producers each serve one share of a run's *stream* (its batches, training and
+validation, in schedule order, numbered from 0 at ``start_at``): producer ``k`` serves positions
+``k, k + count, ...`` (:meth:`hydrax.Dataloader.select_stream`). One :class:`Collector` takes
+them over a ROUTER socket and yields them exactly once, in stream order (``ordered=True``, so a
+run fed remotely is the local run, resumable at any ``(epoch, batch)``) or as they come.
+
+The exchange, each message a hydrax envelope (:mod:`.envelope`) with tenbin frames after DATA:
+
+1. the producer (a DEALER) says ``hello`` with its share (``share``, ``shares``) and the run's
+   ``fingerprint``;
+2. the collector answers ``welcome`` with ``first``, the first position of that share it has not
+   received, and ``credit``, how many batches the producer may send ahead; or ``refuse`` with why;
+3. the producer sends ``data`` (with ``pos``) while it has credit, a ``beat`` every second it has
+   nothing to send, and ``end`` with ``next`` (the first position it will never serve);
+4. the collector returns one ``credit`` for each batch it hands out.
+
+A producer that dies loses nothing: its batches in flight were never counted as received, and
+the producer restarted in its place is welcomed at the first missing position. Batches from a
+share's earlier producer, and any position other than the next one expected of the share, are
+dropped, so nothing is delivered twice. A collector waiting on a share that has been silent
+(no data, no beat) for ``timeout`` raises :class:`PeerTimeoutError`; a producer whose collector
+is gone for ``timeout`` does too. The queue of each side is bounded by the credit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import zmq
+
+from .. import tenbin
+from ..errors import MessageError, PeerTimeoutError, ServeError, TenbinError
+from . import envelope
+from .connection import Message
+from .peers import PeerCount
+from .urls import Endpoint, parse_urls
+
+log = logging.getLogger(__name__)
+
+HELLO, WELCOME, REFUSE, BEAT, CREDIT = "hello", "welcome", "refuse", "beat", "credit"
+BEAT_SECONDS = 1.0
+POLL_MS = 100
+
+
+def _open(context: zmq.Context, socket_type: int, endpoints: list[Endpoint], hwm: int, identity: bytes | None = None) -> zmq.Socket:
+    socket = context.socket(socket_type)
+    socket.setsockopt(zmq.LINGER, 10_000)
+    socket.setsockopt(zmq.SNDHWM, hwm)
+    socket.setsockopt(zmq.RCVHWM, hwm)
+    socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+    if identity is not None:
+        socket.setsockopt(zmq.ROUTING_ID, identity)
+    for endpoint in endpoints:
+        try:
+            socket.bind(endpoint.address) if endpoint.bind else socket.connect(endpoint.address)
+        except zmq.ZMQError as exc:
+            socket.close(linger=0)
+            raise ServeError(f"cannot {'bind' if endpoint.bind else 'connect'} {endpoint.url}: {exc}", url=endpoint.url) from exc
+    return socket
+
+
+@dataclass
+class _Share:
+    """What the collector knows of one share of the stream."""
+
+    index: int
+    identity: bytes | None = None
+    next: int = 0  # the next position expected
+    end: int | None = None  # the first position the share will never serve, once it ended
+    heard: float = field(default_factory=time.monotonic)
+    fingerprint: str | None = None
+
+
+class Collector:
+    """Receive a stream served by ``shares`` producers, each batch exactly once.
+
+    :param url: where producers reach it: ``zpull://HOST:PORT`` (binds) or ``zrpull://`` (connects).
+    :param shares: how many producers split the stream (their ``share`` indexes are ``0 .. shares-1``).
+    :param ordered: yield batches in stream order (the local run's order); False: as they come.
+    :param first: the stream position to start from (0: the producers' ``start_at``).
+    :param credit: batches each producer may have in flight or waiting here.
+    :param timeout: seconds a share may stay silent while the collector waits for it.
+    """
+
+    def __init__(self, url: str | Iterable[str], shares: int, *, ordered: bool = True, first: int = 0, credit: int = 4,
+                 timeout: float | None = 60.0, noexpand: bool = False) -> None:
+        if not (isinstance(shares, int) and shares >= 1):
+            raise ValueError(f"shares must be a positive int, got {shares!r}")
+        if not (isinstance(credit, int) and credit >= 1):
+            raise ValueError(f"credit must be a positive int, got {credit!r}")
+        self.endpoints = parse_urls(url, noexpand)
+        if self.endpoints[0].socket_type != zmq.PULL:
+            raise ValueError(f"a Collector receives: use a zpull:// or zrpull:// URL, not {self.endpoints[0].url}")
+        self.shares = [_Share(k, next=first + (k - first) % shares) for k in range(shares)]
+        self.count = shares
+        self.ordered = ordered
+        self.credit = credit
+        self.timeout = timeout
+        self.position = first  # the next position to hand out, when ordered
+        self.duplicates = 0  # batches dropped as already received or stale
+        self.bad_messages = 0
+        self._pending: dict[int, Message] = {}  # position -> message, received but not handed out
+        self._arrivals: list[int] = []  # positions in arrival order (unordered mode)
+        self._pid = os.getpid()
+        self.context = zmq.Context()
+        self.socket = _open(self.context, zmq.ROUTER, self.endpoints, hwm=max(16, 4 * credit * shares))
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+
+    def _where(self) -> str:
+        return ", ".join(e.url for e in self.endpoints)
+
+    def _reply(self, identity: bytes, kind: str, **fields: Any) -> None:
+        self.socket.send_multipart([identity, envelope.pack(kind, **fields)])
+
+    def _handle(self, frames: list) -> None:
+        identity, head = frames[0].bytes, frames[1].buffer if len(frames) > 1 else b""
+        try:
+            env = envelope.unpack(head)
+        except ValueError as exc:
+            self.bad_messages += 1
+            log.warning("[hydrax] collector on %s skipped a message: %s", self._where(), exc)
+            return
+        share = self._share_of(identity, env)
+        if env.kind == HELLO:
+            self._welcome(identity, env)
+            return
+        if share is None:
+            return  # a producer that was replaced, or never said hello: nothing it sends counts
+        share.heard = time.monotonic()
+        if env.kind == envelope.DATA:
+            position = env.fields.get("pos")
+            if position != share.next:
+                self.duplicates += 1
+                return
+            try:
+                arrays, infos = tenbin.decode_list(frames[2:], infos=True)
+            except TenbinError as exc:
+                raise MessageError(f"batch {position} from share {share.index} on {self._where()}: {exc}", url=self.endpoints[0].url) from None
+            fields = {k: v for k, v in env.fields.items() if k not in ("p", "s")}
+            self._pending[position] = Message(envelope.DATA, arrays, list(infos), topic=env.topic, producer=env.fields.get("p"),
+                                              seq=position, fields=fields)
+            self._arrivals.append(position)
+            share.next = position + self.count
+        elif env.kind == envelope.END:
+            if env.fields.get("error"):
+                raise ServeError(f"the producer of share {share.index} on {self._where()} failed: {env.fields['error']}",
+                                 url=self.endpoints[0].url)
+            end = env.fields.get("next")
+            if end == share.next:
+                share.end = end
+
+    def _share_of(self, identity: bytes, env: envelope.Envelope) -> _Share | None:
+        for share in self.shares:
+            if share.identity == identity:
+                return share
+        return None
+
+    def _welcome(self, identity: bytes, env: envelope.Envelope) -> None:
+        k, n, fingerprint = env.fields.get("share"), env.fields.get("shares"), env.fields.get("fingerprint")
+        if n != self.count or not isinstance(k, int) or not 0 <= k < self.count:
+            self._reply(identity, REFUSE, error=f"this collector takes {self.count} shares, not share {k} of {n}")
+            return
+        known = {s.fingerprint for s in self.shares if s.fingerprint is not None}
+        if known and fingerprint not in known:
+            self._reply(identity, REFUSE, error=f"share {k} serves another run ({fingerprint}) than the others ({known.pop()})")
+            return
+        share = self.shares[k]
+        if share.identity is not None and share.identity != identity:
+            log.warning("[hydrax] share %d on %s has a new producer; it resumes at position %d", k, self._where(), share.next)
+        share.identity, share.fingerprint, share.heard = identity, fingerprint, time.monotonic()
+        waiting = sum(1 for p in self._pending if p % self.count == k % self.count)
+        self._reply(identity, WELCOME, first=share.next, credit=max(1, self.credit - waiting))
+
+    def _done(self) -> bool:
+        if any(s.end is None for s in self.shares):
+            return False
+        end = min(s.end for s in self.shares)
+        return not self._pending and (not self.ordered or self.position >= end)
+
+    def _ready(self) -> Message | None:
+        if self.ordered:
+            return self._pending.pop(self.position, None)
+        while self._arrivals:
+            message = self._pending.pop(self._arrivals.pop(0), None)
+            if message is not None:
+                return message
+        return None
+
+    def _hand_out(self, message: Message) -> Message:
+        position = message.seq
+        if self.ordered:
+            self.position = position + 1
+        share = self.shares[position % self.count] if self.count else None
+        if share is not None and share.identity is not None:
+            self._reply(share.identity, CREDIT, n=1)
+        return message
+
+    def _check_silence(self) -> None:
+        if self.timeout is None:
+            return
+        now = time.monotonic()
+        waiting_on = [self.shares[self.position % self.count]] if self.ordered else [s for s in self.shares if s.end is None]
+        silent = [s for s in waiting_on if s.end is None and now - s.heard > self.timeout]
+        if silent and len(silent) == len([s for s in waiting_on if s.end is None]):
+            words = ", ".join(f"share {s.index} ({'never connected' if s.identity is None else f'silent {now - s.heard:.0f} s'})" for s in silent)
+            raise PeerTimeoutError(f"collector on {self._where()} waited {self.timeout:g} s for {words}: restart that producer "
+                                   "(it resumes where it stopped) or raise timeout", url=self.endpoints[0].url)
+
+    def messages(self) -> Iterator[Message]:
+        """Each batch of the stream once (as :class:`~hydrax.serve.Message`, ``seq`` = its position), until every share ended."""
+        if os.getpid() != self._pid:
+            raise ServeError("this Collector was made in another process; make it where it is used", url=self.endpoints[0].url)
+        while True:
+            message = self._ready()
+            if message is not None:
+                yield self._hand_out(message)
+                continue
+            if self._done():
+                return
+            if self.socket.poll(POLL_MS, zmq.POLLIN):
+                while True:
+                    try:
+                        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames)
+            else:
+                self._check_silence()
+
+    def __iter__(self) -> Iterator[list]:
+        return (m.arrays for m in self.messages())
+
+    def close(self) -> None:
+        """Close the socket."""
+        if self.socket is not None and os.getpid() == self._pid:
+            self.socket.close(linger=0)
+            self.context.term()
+        self.socket = None
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ShareSender:
+    """The producer's end: a thread that owns a DEALER socket, says hello, and sends within credit.
+
+    :meth:`start` returns the first position the collector wants from this share; :meth:`put`
+    queues one batch (frames and fields); :meth:`end` sends the end marker and waits for it to go.
+    """
+
+    def __init__(self, url: str | Iterable[str], share: int, shares: int, fingerprint: str, *, timeout: float | None = 60.0,
+                 noexpand: bool = False) -> None:
+        self.endpoints = parse_urls(url, noexpand)
+        if self.endpoints[0].socket_type != zmq.PUSH:
+            raise ValueError(f"a reliable producer sends: use a zpush:// or zrpush:// URL, not {self.endpoints[0].url}")
+        self.share, self.shares, self.fingerprint, self.timeout = share, shares, fingerprint, timeout
+        self.identity = uuid.uuid4().hex.encode()
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._welcome = threading.Event()
+        self._first: int | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"hydrax-serve-share-{share}", daemon=True)
+
+    def start(self) -> int:
+        """Connect and wait for the collector's welcome; the first position to serve."""
+        self._thread.start()
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while not self._welcome.wait(0.1):
+            self._raise_error()
+            if deadline is not None and time.monotonic() > deadline:
+                raise PeerTimeoutError(f"no collector answered on {self.endpoints[0].url} within {self.timeout:g} s", url=self.endpoints[0].url)
+        self._raise_error()
+        return self._first
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def put(self, position: int, arrays: list[np.ndarray], infos: list[str], fields: dict) -> None:
+        """Queue one batch (its arrays are sent without a copy and held until sent)."""
+        frames = tenbin.encode_list(arrays, infos)
+        self._put(("data", position, frames, fields))
+
+    def _put(self, item) -> None:
+        while True:
+            self._raise_error()
+            if not self._thread.is_alive():
+                raise ServeError(f"the sender for share {self.share} has stopped", url=self.endpoints[0].url)
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def end(self, next_position: int, error: str | None = None) -> None:
+        """Send the end marker (``next_position``: the first position this share will not serve) and wait for it to leave."""
+        self._put(("end", next_position, error))
+        self._thread.join(None if self.timeout is None else self.timeout + 15)
+        self._raise_error()
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        socket = peers = None
+        try:
+            socket = _open(context, zmq.DEALER, self.endpoints, hwm=16, identity=self.identity)
+            peers = PeerCount(socket)
+            self._loop(socket, peers)
+        except BaseException as exc:  # noqa: BLE001 (handed to the producer's thread)
+            self.error = exc
+        finally:
+            if peers is not None:
+                peers.close()
+            if socket is not None:
+                socket.close()
+            context.term()
+
+    def _send(self, socket: zmq.Socket, kind: str, frames: list | None = None, **fields: Any) -> None:
+        socket.send_multipart([envelope.pack(kind, p=self.identity.decode(), **fields)] + (frames or []), copy=False)
+
+    def _loop(self, socket: zmq.Socket, peers: PeerCount) -> None:
+        hello = {"share": self.share, "shares": self.shares, "fingerprint": self.fingerprint}
+        self._send(socket, HELLO, **hello)
+        credit = 0
+        heard = last_sent = time.monotonic()
+        url = self.endpoints[0].url
+        while True:
+            if socket.poll(POLL_MS, zmq.POLLIN):
+                env = envelope.unpack(socket.recv_multipart()[0])
+                heard = time.monotonic()
+                if env.kind == REFUSE:
+                    raise ServeError(f"the collector on {url} refused share {self.share}: {env.fields.get('error')}", url=url)
+                if env.kind == WELCOME:
+                    credit = int(env.fields["credit"])
+                    self._first = int(env.fields["first"])
+                    self._welcome.set()
+                elif env.kind == CREDIT:
+                    credit += int(env.fields.get("n", 1))
+            now = time.monotonic()
+            if not self._welcome.is_set():
+                if self.timeout is not None and now - heard > self.timeout:
+                    raise PeerTimeoutError(f"no collector answered share {self.share}'s hello on {url} within {self.timeout:g} s", url=url)
+                if now - last_sent > 2.0:  # the collector may have bound after our hello was queued elsewhere
+                    self._send(socket, HELLO, **hello)
+                    last_sent = now
+                continue
+            while credit > 0:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item[0] == "end":
+                    fields = {"next": item[1]}
+                    if item[2]:
+                        fields["error"] = item[2]
+                    self._send(socket, envelope.END, **fields)
+                    return
+                _, position, frames, fields = item
+                self._send(socket, envelope.DATA, frames, pos=position, **fields)
+                credit -= 1
+                last_sent = time.monotonic()
+            if credit == 0 and not self._queue.empty() and self._queue.queue[0][0] == "end":
+                item = self._queue.get_nowait()
+                self._send(socket, envelope.END, next=item[1], **({"error": item[2]} if item[2] else {}))
+                return
+            now = time.monotonic()
+            if now - last_sent >= BEAT_SECONDS:
+                self._send(socket, BEAT)
+                last_sent = now
+            if self.timeout is not None and credit == 0 and now - heard > self.timeout:
+                # Waiting for credit is normal (a slow consumer); only a collector gone for good is an error.
+                peers.read()
+                if peers.count == 0 and now - peers.changed > self.timeout:
+                    raise PeerTimeoutError(f"the collector on {url} has been gone for {self.timeout:g} s", url=url)

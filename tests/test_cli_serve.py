@@ -1,0 +1,243 @@
+"""``hydrax serve``, ``hydrax monitor``, and ``hydrax show`` / ``hydrax stat`` on a ZeroMQ URL, end to
+end: real processes on 127.0.0.1, real shards, consumed by hydrax's Connection and by tensorcom 0.1.0's."""
+
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hydrax.serve import Connection
+from hydrax.shards import ShardWriter
+
+pytest.importorskip("PIL")
+
+SAMPLES, BATCH, SIZE = 24, 8, 16
+
+
+def hydrax(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "hydrax", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process, timeout=60):
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"hydrax {process.args[3:]} did not end:\n{out}\n{err}")
+    return process.returncode, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Two shards of 12 samples: sample i is a 20x24 PNG of the grey level 10*i, with cls i."""
+    from PIL import Image
+
+    with ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=12) as writer:
+        for i in range(SAMPLES):
+            buffer = io.BytesIO()
+            Image.fromarray(np.full((20, 24, 3), 10 * i, np.uint8)).save(buffer, "PNG")
+            writer.write({"__key__": f"k{i:02d}", "png": buffer.getvalue(), "cls": str(i)})
+    return str(tmp_path / "s-*.tar")
+
+
+def check_epoch(batches):
+    """One epoch of the shards, each sample once: its label and its grey level agree."""
+    assert len(batches) == SAMPLES // BATCH
+    labels = []
+    for images, label in batches:
+        assert images.dtype == np.uint8 and images.shape == (BATCH, SIZE, SIZE, 3)
+        assert label.dtype == np.int32 and label.shape == (BATCH,)
+        for image, value in zip(images, label):
+            assert abs(int(image.min()) - 10 * int(value)) <= 1 and abs(int(image.max()) - 10 * int(value)) <= 1
+        labels += label.tolist()
+    assert sorted(labels) == list(range(SAMPLES))
+
+
+def test_serve_sends_one_epoch_to_a_hydrax_connection(shards):
+    port = free_port()
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=30) as connection:
+        process = start("serve", shards, f"zpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
+                        "--epochs", "1", "--protocol", "hydrax", "--workers", "1")
+        messages = list(connection.messages())  # ends at the producer's end marker
+    status, out, err = finish(process)
+    assert status == 0, err
+    data = [m for m in messages if m.kind == "data"]
+    assert [m.kind for m in messages] == ["data"] * 3 + ["epoch_end"] and messages[-1].epoch == 0
+    assert all(m.infos == ["image", "label"] and m.topic == "train" and m.epoch == 0 for m in data)
+    assert sorted(i for m in data for i in m.items) == list(range(SAMPLES))
+    check_epoch([m.arrays for m in data])
+    assert f"serving 24 samples of 2 shards on zpush://127.0.0.1:{port} (hydrax protocol): 1 epoch of 3 batches" in out
+    assert "served 3 batches" in out.splitlines()[-1]
+
+
+def test_serve_publishes_to_a_tensorcom_subscriber(shards):
+    zcom = pytest.importorskip("tensorcom.zcom")
+    import zmq
+
+    port = free_port()
+    process = start("serve", shards, "--url", f"zpub://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
+                    "--epochs", "1", "--subscribers", "1", "--workers", "1", "--shuffle", "itemwise")
+    subscriber = zcom.Connection(f"zsub://127.0.0.1:{port}")
+    try:
+        subscriber.socket.setsockopt(zmq.RCVTIMEO, 30000)
+        batches = [subscriber.recv() for _ in range(SAMPLES // BATCH)]
+    finally:
+        status, out, err = finish(process)
+        subscriber.close()
+    assert status == 0, err
+    check_epoch(batches)
+
+
+def test_ctrl_c_ends_the_stream_cleanly(shards):
+    port = free_port()
+    process = start("serve", shards, f"zrpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
+                    "--protocol", "hydrax", "--workers", "1", "--report", "0")
+    received = 0
+    with Connection(f"zrpull://127.0.0.1:{port}", timeout=30, hwm=1) as connection:
+        for _ in connection:
+            received += 1
+            if received == 4:
+                process.send_signal(signal.SIGINT)
+    status, out, err = finish(process)
+    assert status == 130, err
+    assert "interrupted: ending after the batch being sent" in err and "Traceback" not in err
+    assert received >= 4 and f"served {received:,} batches" in out
+
+
+def send_batches(url, batches, protocol="hydrax"):
+    """Send ``batches`` (lists of arrays) from this process, then end the stream."""
+    with Connection(url, protocol=protocol, timeout=30) as producer:
+        for arrays in batches:
+            producer.send(arrays)
+
+
+def test_monitor_reports_rates_shapes_and_the_end_of_the_stream():
+    from hydrax.serve.envelope import EPOCH_END
+
+    port = free_port()
+    monitor = start("monitor", f"zrpull://127.0.0.1:{port}", "--report", "5", "--timeout", "30")
+    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", timeout=30) as producer:
+        for i in range(12):
+            producer.send([np.zeros((4, 8, 8, 3), np.uint8), np.arange(4, dtype=np.int32)], infos=["image", "label"], epoch=0, batch=i)
+        producer.mark(EPOCH_END, epoch=0)
+    status, out, err = finish(monitor)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"receiving from zrpull://127.0.0.1:{port}"
+    assert lines[1] == "first batch: image uint8 (4, 8, 8, 3), label int32 (4,)"
+    reports = [line.split() for line in lines if "batches/s" in line and not line.startswith("the stream")]
+    assert [r[0] for r in reports] == ["5", "10"]
+    for r in reports:
+        assert r[2] == "batches/s" and r[4] == "samples/s" and r[6] == "MB/s" and r[7:9] == ["batch", "4"]
+        assert float(r[3]) == pytest.approx(4 * float(r[1]), rel=1e-3)
+    assert reports[0][9:] == "image uint8 (4, 8, 8, 3), label int32 (4,)".split()
+    assert "end of epoch 0 (topic '')" in lines
+    assert lines[-1].startswith("the stream ended: 12 batches, 48 samples, 0.0 MB (")
+
+
+def test_show_draws_the_images_of_a_stream(tmp_path):
+    from PIL import Image
+
+    from hydrax.commands.show import grid_size
+
+    port = free_port()
+    out = tmp_path / "grid.png"
+    show = start("show", f"zrpull://127.0.0.1:{port}", "--count", "6", "--tile", "32", "--out", str(out), "--timeout", "30")
+    colours = [(40 * i, 100, 250 - 40 * i) for i in range(8)]
+    batches = [[np.array([np.full((10, 12, 3), colours[4 * b + r], np.uint8) for r in range(4)]),
+                np.arange(4 * b, 4 * b + 4, dtype=np.int32)] for b in range(2)]
+    send_batches(f"zrpush://127.0.0.1:{port}", batches)
+    status, stdout, err = finish(show)
+    assert status == 0, err
+    assert "6 images of 2 batches" in stdout
+    with Image.open(out) as grid:
+        assert grid.size == grid_size(6, 3, 32)
+        pixels = np.asarray(grid.convert("RGB"))
+    for n in range(6):
+        left, top = 4 + (n % 3) * 36, 4 + (n // 3) * (32 + 28 + 4)
+        tile = pixels[top + 8:top + 24, left + 4:left + 28].reshape(-1, 3)  # inside the fitted 32x26 image
+        assert (np.abs(tile.astype(int) - colours[n]) <= 1).all(), n
+
+    # floats, channels first, in [0, 1]: scaled by 255
+    out = tmp_path / "floats.png"
+    show = start("show", f"zrpull://127.0.0.1:{port}", "-n", "3", "--tile", "16", "-o", str(out), "--timeout", "30")
+    send_batches(f"zrpush://127.0.0.1:{port}", [[np.full((3, 3, 8, 8), 0.5, np.float32), np.arange(3, dtype=np.int16)]])
+    status, stdout, err = finish(show)
+    assert status == 0, err
+    with Image.open(out) as grid:
+        assert grid.size == grid_size(3, 2, 16)
+        assert grid.convert("RGB").getpixel((12, 12)) == (128, 128, 128)
+
+
+def test_stat_of_a_stream_matches_numpy():
+    rng = np.random.default_rng(3)
+    batches = [[rng.normal(2.0, 3.0, (4, 3)).astype(np.float32), rng.integers(-5, 9, (4,), dtype=np.int32),
+                rng.integers(0, 256, (4, 2, 2, 3), dtype=np.uint8)] for _ in range(4)]
+    batches.append([rng.normal(size=(2, 3)).astype(np.float32), np.array([7, -9], np.int32), np.zeros((2, 2, 2, 3), np.uint8)])
+    port = free_port()
+    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--json", "--timeout", "30")
+    send_batches(f"zrpush://127.0.0.1:{port}", batches)
+    status, out, err = finish(stat)
+    assert status == 0, err
+    summary = json.loads(out)
+    assert summary["batches"] == 5 and summary["samples"] == 18 and summary["ended"] is True
+    assert summary["bytes"] == sum(a.nbytes for b in batches for a in b)
+    assert len(summary["arrays"]) == 3
+    for position, result in enumerate(summary["arrays"]):
+        values = np.concatenate([b[position].astype(np.float64).reshape(-1) for b in batches])
+        assert result["count"] == 5 and result["elements"] == values.size
+        assert result["min"] == pytest.approx(values.min()) and result["max"] == pytest.approx(values.max())
+        assert result["mean"] == pytest.approx(values.mean(), rel=1e-9) and result["std"] == pytest.approx(values.std(), rel=1e-9)
+        dtype = str(batches[0][position].dtype)
+        shapes = [list(batches[0][position].shape), list(batches[-1][position].shape)]
+        assert result["seen"] == [{"dtype": dtype, "shape": shapes[0], "count": 4}, {"dtype": dtype, "shape": shapes[1], "count": 1}]
+
+    port = free_port()  # the tables, from a tensorcom-protocol stream, stopping at --count
+    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--count", "2", "--timeout", "30")
+    send_batches(f"zrpush://127.0.0.1:{port}", batches[:2], protocol="tensorcom")
+    status, out, err = finish(stat)
+    assert status == 0, err
+    assert f"source: zrpull://127.0.0.1:{port}: 2 batches, 8 samples" in out and "=== array 2 ===" in out
+    assert "seen: uint8 (4, 2, 2, 3) x2" in out
+
+
+def test_failures_exit_1_with_one_line_naming_the_url(shards, tmp_path):
+    with ShardWriter(str(tmp_path / "words-%02d.tar"), maxcount=12) as writer:
+        writer.write({"__key__": "k", "png": b"", "cls": "cat"})
+    port = free_port()
+    for args, words in [
+        (("serve", writer.paths[0], f"zpub://127.0.0.1:{port}"), f"{writer.paths[0]}: sample 'k' field 'cls' is 'cat', not an integer label"),
+        (("serve", shards, f"zpull://127.0.0.1:{port}"), f"zpull://127.0.0.1:{port} receives"),
+        (("serve", shards, f"tcp://127.0.0.1:{port}"), f"'tcp://127.0.0.1:{port}' is not a ZeroMQ URL"),
+        (("serve", shards), "no ZeroMQ URL to serve on"),
+        (("monitor", f"zpull://127.0.0.1:{port}", "--timeout", "0.5"), f"receiving on zpull://127.0.0.1:{port} waited 0.5 s"),
+        (("monitor", f"zpush://127.0.0.1:{port}"), f"zpush://127.0.0.1:{port} sends"),
+        (("stat", "zpull://"), "'zpull://' has no address"),
+        (("show", f"zsub://127.0.0.1:{port}", "--timeout", "0.5", "--out", str(tmp_path / "unused.png")), f"zsub://127.0.0.1:{port} waited 0.5 s"),
+    ]:
+        result = hydrax(*args)
+        assert result.returncode == 1, (args, result.stderr)
+        assert result.stderr.startswith(f"hydrax {args[0]}: ") and words in result.stderr, (args, result.stderr)
+        assert result.stderr.count("\n") == 1, (args, result.stderr)
+
+
+@pytest.mark.parametrize("command", ["serve", "monitor"])
+def test_help_explains_with_an_example(command):
+    result = hydrax(command, "--help")
+    assert result.returncode == 0 and "examples:" in result.stdout and f"hydrax {command} " in result.stdout
