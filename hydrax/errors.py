@@ -270,3 +270,9 @@ class PeerTimeoutError(ServeError, TimeoutError):
     """A peer went silent: no message (data, marker or heartbeat) reached a consumer within its
     ``timeout``, or no consumer took a producer's batch within the producer's ``timeout``. The
     message names the endpoints and what was last seen from them."""
+
+
+class SchemaError(ServeError, ValueError):
+    """A producer's arrays are not what the consumer expects (its ``schema``): the message names
+    the array and the difference (name, dtype or shape). Raised on the producer's announcement,
+    before any of its batches is handed out."""

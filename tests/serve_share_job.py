@@ -5,6 +5,7 @@ INDEX of COUNT of a small run (2 epochs, validation every epoch) starting at
 (START_EPOCH, START_BATCH); DELAY seconds of sleep per item make it slow enough to kill mid-run.
 """
 
+import os
 import sys
 import time
 
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hydrax import DataGroup, Dataloader
-from hydrax.serve import serve
+from hydrax.serve import Curve, serve
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.uint32, jnp.uint32), "vec": ((3,), np.float32, jnp.float32)}
 DELAY = 0.0  # seconds per item; set from the command line
@@ -36,5 +37,8 @@ def make_loader(start=(0, 0)):
 if __name__ == "__main__":
     url, index, count, epoch, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     DELAY = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
-    report = serve(make_loader((epoch, batch)), url, share=(index, count), timeout=30)
+    # HYDRAX_TEST_CURVE="public,secret,server_public": serve through CurveZMQ as that client
+    keys = os.environ.get("HYDRAX_TEST_CURVE")
+    curve = Curve(*keys.split(",")) if keys else None
+    report = serve(make_loader((epoch, batch)), url, share=(index, count), timeout=30, curve=curve)
     print(f"served {report.batches}", flush=True)

@@ -417,6 +417,28 @@ def test_a_producer_that_fails_tells_its_consumer_why(peers):
         assert status == "error" and "TypeError" in value
         assert consumer.recv_message() is None  # that producer has ended
 
+def test_a_push_fan_out_ends_every_consumer_even_a_slow_one(peers):
+    """zrpush to two zrpull consumers: PUSH gives each message to one consumer with room, so end
+    markers are offered until each consumer has hung up; both end, and each batch arrives once."""
+    port = free_port()
+    n = 40
+    consumers = peers(2)
+    cids = [peer.start("hx_recv", f"zrpull://127.0.0.1:{port}", {"timeout": 10, "hwm": 2}, delay)
+            for peer, delay in zip(consumers, (0.0, 0.02))]
+    started = time.monotonic()
+    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", hwm=2, timeout=10) as producer:
+        deadline = time.monotonic() + 10
+        while producer.peers < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for i in range(n):
+            producer.send(batch(0, i))
+    got = [peer.result(cid) for peer, cid in zip(consumers, cids)]
+    assert time.monotonic() - started < 9  # ended by the markers, not by a timeout
+    data = [ident(m["arrays"]) for g in got for m in g if m["kind"] == DATA]
+    assert sorted(data) == [(0, i) for i in range(n)]
+    assert all(len([m for m in g if m["kind"] == DATA]) > 0 for g in got)
+
+
 # -- 4. pub/sub: every subscriber gets everything; topics -----------------------------------------
 
 def test_every_subscriber_gets_every_batch_in_order_and_ends(peers):
@@ -438,7 +460,7 @@ def test_every_subscriber_gets_every_batch_in_order_and_ends(peers):
         for i, m in enumerate(data):
             assert_batch(m["arrays"], 0, i)
         assert [m["kind"] for m in got[n:]] == [EPOCH_END, "stats"]
-        assert [m["seq"] for m in got[:-1]] == list(range(1, n + 2))
+        assert [m["seq"] for m in got[:-1]] == list(range(2, n + 3))  # seq 1 was the schema announcement
 
 
 def test_a_subscriber_of_one_topic_gets_only_that_topic_and_ends(peers):
@@ -626,6 +648,7 @@ def test_malformed_and_oversize_messages_are_skipped_or_raised_and_the_stream_go
 
 # -- 9. fork ---------------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child touches only the Connection, and has a deadline
 def test_a_connection_used_in_a_forked_child_raises_and_closing_it_there_spares_the_parent():
     port = free_port()
     with Connection(f"zpull://127.0.0.1:{port}", timeout=5) as consumer:

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydrax.errors import PeerTimeoutError
+from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
-from hydrax.serve import Collector
+from hydrax.serve import Collector, Curve, curve_keypair
 from serve_share_job import make_loader
 
 JOB = str(Path(__file__).with_name("serve_share_job.py"))
@@ -32,9 +32,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def producer(url: str, index: int, count: int, start=(0, 0), delay: float = 0.0) -> subprocess.Popen:
+SCHEMA = [("item", "int32", (None,)), ("seed", "uint32", (None,)), ("vec", "float32", (None, 3))]
+
+
+def producer(url: str, index: int, count: int, start=(0, 0), delay: float = 0.0, env=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, JOB, url, str(index), str(count), str(start[0]), str(start[1]), str(delay)],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def local_run(start=(0, 0)) -> list[tuple]:
@@ -77,7 +80,7 @@ def test_stream_positions_split_the_stream():
 def test_remote_run_equals_local_run(shares):
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, shares) for k in range(shares)]
-    with Collector(url.replace("zpush", "zpull"), shares, timeout=60) as collector:
+    with Collector(url.replace("zpush", "zpull"), shares, timeout=60, schema=SCHEMA) as collector:
         rows = [remote_row(m) for m in collector.messages()]
         assert collector.duplicates == 0
     finish(processes)
@@ -143,3 +146,27 @@ def test_a_producer_for_another_split_is_refused():
     _, err = wrong.communicate(timeout=60)
     assert wrong.returncode != 0
     assert "refused share 0" in err and "takes 2 shares" in err
+
+
+def test_a_share_sending_other_arrays_fails_the_collector():
+    url = f"zpush://127.0.0.1:{free_port()}"
+    process = producer(url, 0, 1)
+    wrong = [("item", "int32", (None,)), ("seed", "uint32", (None,)), ("vec", "float64", (None, 3))]
+    with Collector(url.replace("zpush", "zpull"), 1, timeout=30, schema=wrong) as collector:
+        with pytest.raises(SchemaError, match=r"share 0 .* array 2 \('vec'\) is float32, not float64"):
+            next(collector.messages())
+    process.kill()
+    process.communicate()
+
+
+def test_curve_encrypted_shares():
+    server_public, server_secret = curve_keypair()
+    client_public, client_secret = curve_keypair()
+    url = f"zpush://127.0.0.1:{free_port()}"
+    keys = {"HYDRAX_TEST_CURVE": f"{client_public},{client_secret},{server_public}"}
+    process = producer(url, 0, 1, env=keys)
+    curve = Curve(server_public, server_secret, authorized=[client_public])
+    with Collector(url.replace("zpush", "zpull"), 1, timeout=60, curve=curve) as collector:
+        rows = [remote_row(m) for m in collector.messages()]
+    finish([process])
+    assert rows == local_run()

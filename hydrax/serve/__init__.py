@@ -9,7 +9,7 @@
 - :class:`Curve`, :func:`curve_keypair`: encryption and authentication across machines.
 """
 
-from ..errors import MessageError, PeerTimeoutError, ServeError
+from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError
 from .connection import Connection, Message
 from .producer import ServeReport, serve
 from .reliable import Collector
@@ -17,5 +17,5 @@ from .security import Curve, curve_keypair
 from .stats import Statistics
 from .urls import Endpoint, parse_url
 
-__all__ = ["Collector", "Connection", "Curve", "Endpoint", "Message", "MessageError", "PeerTimeoutError", "ServeError", "ServeReport", "Statistics",
+__all__ = ["Collector", "Connection", "Curve", "Endpoint", "Message", "MessageError", "PeerTimeoutError", "SchemaError", "ServeError", "ServeReport", "Statistics",
            "curve_keypair", "parse_url", "serve"]

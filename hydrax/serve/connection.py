@@ -31,9 +31,9 @@ import numpy as np
 import zmq
 
 from .. import tenbin
-from ..errors import MessageError, PeerTimeoutError, ServeError, TenbinError
-from . import envelope
-from .envelope import DATA, END, EPOCH_END
+from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError, TenbinError
+from . import envelope, schema as schemas
+from .envelope import DATA, END, EPOCH_END, SCHEMA
 from .peers import PeerCount
 from .security import Curve
 from .stats import Statistics
@@ -57,6 +57,8 @@ HEARTBEAT_MAX_MS = 6553599
 ALIGN = 64
 #: How long a producer that is failing waits to tell its consumers, and to deliver what is queued.
 FAILING_SECONDS = 2.0
+#: How often a PUSH fan-out offers another end marker while consumers remain.
+END_RETRY_SECONDS = 0.02
 
 _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -154,6 +156,10 @@ class Connection:
         subscribers have subscribed, so that none misses the first messages.
     :param on_bad_message: ``"skip"`` (log and count in :attr:`bad_messages`) or ``"raise"``.
     :param curve: :class:`~hydrax.serve.Curve` settings to encrypt and authenticate.
+    :param schema: what a consumer expects: ``[(name, dtype, shape), ...]``, None for any name,
+        dtype or dimension. A hydrax producer's announcement, or any batch, that differs raises
+        :class:`~hydrax.errors.SchemaError` naming the difference. Producers announce their schema
+        to hydrax consumers (:attr:`schemas`) before their first batch.
     """
 
     def __init__(self, url: str | Iterable[str] | None = None, epoch: int = 100000, total: int = -1, multipart: bool = True,
@@ -162,7 +168,7 @@ class Connection:
                  stats_horizon: int = 1000, noexpand: bool = False, *, protocol: str = "tensorcom", topic: str | None = None,
                  timeout: float | None = 60.0, hwm: int = 4, linger: float | None = None, max_message_bytes: int = 1 << 34,
                  output: str = "numpy", aligned: bool | None = None, producers: int = 1, subscribers: int = 0,
-                 on_bad_message: str = "skip", curve: Curve | None = None) -> None:
+                 on_bad_message: str = "skip", curve: Curve | None = None, schema: Iterable[Any] | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if output not in OUTPUTS:
@@ -202,6 +208,11 @@ class Connection:
         self.subscribers = subscribers
         self.on_bad_message = on_bad_message
         self.curve = curve
+        self.schema = schemas.parse_schema(schema)
+        #: what each hydrax producer announced it sends: producer id -> ``[[name, dtype, shape], ...]``
+        self.schemas: dict[str, list] = {}
+        self._announced: list | None = None  # the schema this producer last announced
+        self._announced_to = 0  # subscribers at that time (a new one must hear it too)
         #: messages that could not be decoded and were skipped
         self.bad_messages = 0
         #: this producer's id in hydrax envelopes (new in every process and Connection)
@@ -387,11 +398,19 @@ class Connection:
         else:
             frames = [tenbin.encode_buffer(arrays, names)]
         if self.protocol == "hydrax":
+            self._announce(arrays, names, topic)
             frames.insert(0, self._envelope(DATA, topic, fields))
         self._send_frames(frames, "send")
         self.stats.add(sum(a.nbytes for a in arrays))
 
     write = send
+
+    def _announce(self, arrays: list[np.ndarray], names: list[str] | None, topic: str | None) -> None:
+        described = schemas.describe(arrays, names)
+        late_joiner = self.socket.type == zmq.XPUB and self._subscribed > self._announced_to
+        if described != self._announced or late_joiner:
+            self._send_frames([self._envelope(SCHEMA, topic, {"arrays": described})], "announcing the schema")
+            self._announced, self._announced_to = described, self._subscribed
 
     def _envelope(self, kind: str, topic: str | None, fields: dict) -> bytes:
         self._seq += 1
@@ -418,17 +437,35 @@ class Connection:
         if self.protocol != "hydrax":
             raise ServeError("markers need protocol='hydrax' (tensorcom's consumers cannot read them)",
                              url=self.endpoints[0].url if self.endpoints else None)
-        copies = 1
-        if kind == END and self.socket.type == zmq.PUSH:
-            copies = max(1, self.peers)  # PUSH gives each message to one peer: one marker each
+        if kind == END and self.socket.type == zmq.PUSH and self.peers > 1:
+            self._end_every_peer(self._envelope(kind, topic, fields), seconds)
+            return
         topics = [topic]
         if kind == END and topic is None and self.socket.type == zmq.XPUB:
             # A subscriber gets its own topic's messages only: without an end marker on every
             # topic this producer used, a subscriber of "validation" would wait forever.
             topics = sorted(self._topics | {self.topic or ""})
         for name in topics:
-            for _ in range(copies):
-                self._send_frames([self._envelope(kind, name, fields)], "sending a marker", seconds)
+            self._send_frames([self._envelope(kind, name, fields)], "sending a marker", seconds)
+
+    def _end_every_peer(self, frame: bytes, seconds: float | None) -> None:
+        """End markers to every consumer of a PUSH fan-out, until each has hung up.
+
+        PUSH hands each message to the next consumer with room, so one marker per consumer may
+        all land on the same ones. A hydrax consumer hangs up when its stream has ended; so keep
+        offering markers (extra ones are ignored) until no consumer is left, or time is up.
+        """
+        wait = seconds if seconds is not None else (self.timeout or 60.0)
+        deadline = time.monotonic() + wait
+        while self.peers > 0:
+            if time.monotonic() >= deadline:
+                log.warning("[hydrax] %d consumer(s) of %s did not hang up within %g s after the end marker", self.peers, self._where(), wait)
+                return
+            try:
+                self.socket.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            time.sleep(END_RETRY_SECONDS)
 
     def finish(self, error: str | None = None, seconds: float | None = None) -> None:
         """Tell hydrax consumers that this producer is done (``error``: it failed, and why);
@@ -456,9 +493,14 @@ class Connection:
         Raises :class:`PeerTimeoutError` after ``timeout`` seconds with nothing, and
         :class:`MessageError` for a bad message when ``on_bad_message="raise"``.
         """
+        if self._all_ended():
+            return None
         socket = self._require_socket()
         while True:
             if self._all_ended():
+                # Hang up: a producer fanning out (zrpush) offers end markers until its
+                # consumers have gone, since it cannot address them one by one.
+                self._close_socket(0)
                 return None
             self._wait(zmq.POLLIN, self._deadline(), "receiving")
             try:
@@ -522,6 +564,11 @@ class Connection:
                 self._seen.add(producer)
             if env.kind in (END, EPOCH_END):
                 return Message(env.kind, topic=env.topic, producer=producer, seq=seq, fields=env.fields)
+            if env.kind == SCHEMA:
+                self._check_schema(env.fields.get("arrays"), f"producer {producer} announces")
+                if producer is not None:
+                    self.schemas[producer] = env.fields.get("arrays")
+                return None
             if env.kind != DATA:
                 return None  # a kind from a newer hydrax: not ours to act on
         try:
@@ -533,6 +580,8 @@ class Connection:
                 raise TenbinError(f"the arrays are named {infos}, not {list(self.infos)} as the Connection's infos require")
         except TenbinError as exc:
             raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
+        if self.schema is not None:
+            self._check_schema(schemas.describe(arrays, infos), "a batch holds")
         if self.output == "jax":
             import jax
 
@@ -542,6 +591,16 @@ class Connection:
             message.topic, message.producer, message.seq, message.fields = env.topic, producer, seq, env.fields
         self.stats.add(sum(a.nbytes for a in arrays))
         return message
+
+    def _check_schema(self, described: Any, what: str) -> None:
+        if self.schema is None:
+            return
+        if not isinstance(described, list) or not all(isinstance(a, list) and len(a) == 3 for a in described):
+            raise MessageError(f"a schema announcement on {self._where()} is malformed: {described!r}", url=self.endpoints[0].url)
+        difference = schemas.mismatch(self.schema, described)
+        if difference is not None:
+            raise SchemaError(f"{what} other arrays than this consumer expects on {self._where()}: {difference}",
+                              url=self.endpoints[0].url)
 
     def _recv_aligned(self, socket: zmq.Socket, header) -> tuple[np.ndarray | zmq.Frame, int]:
         """Receive a data frame into 64-byte-aligned memory sized from its header frame."""
@@ -634,16 +693,21 @@ class Connection:
         except (ServeError, zmq.ZMQError) as exc:
             log.warning("[hydrax] could not send the end marker on %s: %s", self._where(), exc)
         finally:
-            if linger is not None:
-                self.socket.setsockopt(zmq.LINGER, int(linger * 1000))
-            if self._peer_count is not None:
-                self._peer_count.close()
-            self.socket.close()
-            if self._auth is not None:
-                self._auth.stop()
-            self.context.term()  # waits for queued messages, up to LINGER
-            self.socket = self.context = None
-            _live.discard(self)
+            self._close_socket(linger)
+
+    def _close_socket(self, linger: float | None) -> None:
+        if self.socket is None:
+            return
+        if linger is not None:
+            self.socket.setsockopt(zmq.LINGER, int(linger * 1000))
+        if self._peer_count is not None:
+            self._peer_count.close()
+        self.socket.close()
+        if self._auth is not None:
+            self._auth.stop()
+        self.context.term()  # waits for queued messages, up to LINGER
+        self.socket = self.context = None
+        _live.discard(self)
 
     def __enter__(self) -> Connection:
         return self

@@ -11,7 +11,7 @@ consumer of topic ``train`` subscribes to ``b"~hx~train\\0"``, and sees no other
 A tenbin header frame can never start with ``~hx~`` (it starts with a dtype code such as
 ``f4``), so a consumer tells the two kinds of message apart by the first four bytes and takes
 both. The JSON object holds ``"k"``, the kind (:data:`DATA`, :data:`EPOCH_END`, :data:`END`),
-and the message's fields; no pickle ever travels, and an envelope over :data:`MAX_ENVELOPE`
+(or :data:`SCHEMA`) and the message's fields; no pickle ever travels, and an envelope over :data:`MAX_ENVELOPE`
 bytes is refused.
 """
 
@@ -28,6 +28,7 @@ MAX_ENVELOPE = 4 << 20
 DATA = "data"  #: a batch; the tenbin frames follow
 EPOCH_END = "epoch_end"  #: the producer sent the last batch of an epoch (or validation run) of its topic
 END = "end"  #: the producer sent its last message; ``"error"`` says why, when it ended by failing
+SCHEMA = "schema"  #: ``"arrays"``: ``[[name, dtype, shape], ...]`` of the producer's next batches
 
 
 @dataclass

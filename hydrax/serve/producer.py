@@ -92,7 +92,7 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
         :class:`hydrax.Dataloader`, the same run (arguments) for every share.
     """
     if share is not None:
-        return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand)
+        return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
                             curve=curve, noexpand=noexpand)
     enter = getattr(dataloader, "__enter__", None)
@@ -128,10 +128,10 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
 
 
 def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, int], *, arrays, items: bool, timeout: float | None,
-                 noexpand: bool) -> ServeReport:
+                 noexpand: bool, curve: Curve | None) -> ServeReport:
     index, count = share
     fingerprint = f"epoch of {dataloader.batches_per_epoch} from batch {dataloader.first_batch} to {dataloader.last_batch}"
-    sender = ShareSender(url, index, count, fingerprint, timeout=timeout, noexpand=noexpand)
+    sender = ShareSender(url, index, count, fingerprint, timeout=timeout, noexpand=noexpand, curve=curve)
     first = sender.start()
     dataloader.select_stream(index, count, first)
     positions = stream_positions(index, count, first)

@@ -39,10 +39,11 @@ import numpy as np
 import zmq
 
 from .. import tenbin
-from ..errors import MessageError, PeerTimeoutError, ServeError, TenbinError
-from . import envelope
+from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError, TenbinError
+from . import envelope, schema as schemas
 from .connection import Message
 from .peers import PeerCount
+from .security import Curve
 from .urls import Endpoint, parse_urls
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,11 @@ BEAT_SECONDS = 1.0
 POLL_MS = 100
 
 
-def _open(context: zmq.Context, socket_type: int, endpoints: list[Endpoint], hwm: int, identity: bytes | None = None) -> zmq.Socket:
+def _open(context: zmq.Context, socket_type: int, endpoints: list[Endpoint], hwm: int, identity: bytes | None = None,
+          curve: Curve | None = None) -> zmq.Socket:
     socket = context.socket(socket_type)
+    if curve is not None:
+        curve.apply(socket)
     socket.setsockopt(zmq.LINGER, 10_000)
     socket.setsockopt(zmq.SNDHWM, hwm)
     socket.setsockopt(zmq.RCVHWM, hwm)
@@ -91,10 +95,14 @@ class Collector:
     :param first: the stream position to start from (0: the producers' ``start_at``).
     :param credit: batches each producer may have in flight or waiting here.
     :param timeout: seconds a share may stay silent while the collector waits for it.
+    :param schema: the arrays expected, as :class:`~hydrax.serve.Connection`'s ``schema``; a batch
+        that differs raises :class:`~hydrax.errors.SchemaError` naming its share.
+    :param curve: :class:`~hydrax.serve.Curve` encryption and authentication.
     """
 
     def __init__(self, url: str | Iterable[str], shares: int, *, ordered: bool = True, first: int = 0, credit: int = 4,
-                 timeout: float | None = 60.0, noexpand: bool = False) -> None:
+                 timeout: float | None = 60.0, noexpand: bool = False, schema: Iterable[Any] | None = None,
+                 curve: Curve | None = None) -> None:
         if not (isinstance(shares, int) and shares >= 1):
             raise ValueError(f"shares must be a positive int, got {shares!r}")
         if not (isinstance(credit, int) and credit >= 1):
@@ -108,13 +116,15 @@ class Collector:
         self.credit = credit
         self.timeout = timeout
         self.position = first  # the next position to hand out, when ordered
+        self.schema = schemas.parse_schema(schema)
         self.duplicates = 0  # batches dropped as already received or stale
         self.bad_messages = 0
         self._pending: dict[int, Message] = {}  # position -> message, received but not handed out
         self._arrivals: list[int] = []  # positions in arrival order (unordered mode)
         self._pid = os.getpid()
         self.context = zmq.Context()
-        self.socket = _open(self.context, zmq.ROUTER, self.endpoints, hwm=max(16, 4 * credit * shares))
+        self._auth = curve.authenticator(self.context) if curve is not None else None
+        self.socket = _open(self.context, zmq.ROUTER, self.endpoints, hwm=max(16, 4 * credit * shares), curve=curve)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
 
     def _where(self) -> str:
@@ -147,6 +157,11 @@ class Collector:
                 arrays, infos = tenbin.decode_list(frames[2:], infos=True)
             except TenbinError as exc:
                 raise MessageError(f"batch {position} from share {share.index} on {self._where()}: {exc}", url=self.endpoints[0].url) from None
+            if self.schema is not None:
+                difference = schemas.mismatch(self.schema, schemas.describe(arrays, infos))
+                if difference is not None:
+                    raise SchemaError(f"share {share.index} on {self._where()} sends other arrays than expected: {difference}",
+                                      url=self.endpoints[0].url)
             fields = {k: v for k, v in env.fields.items() if k not in ("p", "s")}
             self._pending[position] = Message(envelope.DATA, arrays, list(infos), topic=env.topic, producer=env.fields.get("p"),
                                               seq=position, fields=fields)
@@ -245,6 +260,8 @@ class Collector:
         """Close the socket."""
         if self.socket is not None and os.getpid() == self._pid:
             self.socket.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
             self.context.term()
         self.socket = None
 
@@ -263,11 +280,11 @@ class ShareSender:
     """
 
     def __init__(self, url: str | Iterable[str], share: int, shares: int, fingerprint: str, *, timeout: float | None = 60.0,
-                 noexpand: bool = False) -> None:
+                 noexpand: bool = False, curve: Curve | None = None) -> None:
         self.endpoints = parse_urls(url, noexpand)
         if self.endpoints[0].socket_type != zmq.PUSH:
             raise ValueError(f"a reliable producer sends: use a zpush:// or zrpush:// URL, not {self.endpoints[0].url}")
-        self.share, self.shares, self.fingerprint, self.timeout = share, shares, fingerprint, timeout
+        self.share, self.shares, self.fingerprint, self.timeout, self.curve = share, shares, fingerprint, timeout, curve
         self.identity = uuid.uuid4().hex.encode()
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._welcome = threading.Event()
@@ -314,9 +331,10 @@ class ShareSender:
 
     def _run(self) -> None:
         context = zmq.Context()
-        socket = peers = None
+        socket = peers = auth = None
         try:
-            socket = _open(context, zmq.DEALER, self.endpoints, hwm=16, identity=self.identity)
+            auth = self.curve.authenticator(context) if self.curve is not None else None
+            socket = _open(context, zmq.DEALER, self.endpoints, hwm=16, identity=self.identity, curve=self.curve)
             peers = PeerCount(socket)
             self._loop(socket, peers)
         except BaseException as exc:  # noqa: BLE001 (handed to the producer's thread)
@@ -326,6 +344,8 @@ class ShareSender:
                 peers.close()
             if socket is not None:
                 socket.close()
+            if auth is not None:
+                auth.stop()
             context.term()
 
     def _send(self, socket: zmq.Socket, kind: str, frames: list | None = None, **fields: Any) -> None:
