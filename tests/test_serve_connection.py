@@ -545,6 +545,28 @@ def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_ou
     assert f"zpush://127.0.0.1:{port}" in result["error"]
 
 
+def test_a_memory_budget_bounds_the_producer_whatever_the_hwm(peers):
+    """hwm=1000 would let 10 GB of 10 MB batches queue up; max_queued_bytes=30 MB holds the
+    producer to three batches that ZeroMQ has not written out yet."""
+    port = free_port()
+    megabytes = 10
+    (peer,) = peers(1)
+    with Connection(f"zpull://127.0.0.1:{port}", hwm=2, timeout=10) as consumer:
+        baseline = rss_kb(peer.pid)
+        cid = peer.start("flood", f"zpush://127.0.0.1:{port}", megabytes,
+                         {"hwm": 1000, "timeout": 3, "max_queued_bytes": 30 << 20})
+        consumer.recv()  # connected and flowing; now this consumer stops reading
+        peak = baseline
+        while True:
+            peak = max(peak, rss_kb(peer.pid))
+            if peer.pipe.poll(0.05):
+                break
+        result = peer.result(cid)
+    assert peak - baseline < 6 * megabytes * 1024, f"the producer grew by {(peak - baseline) // 1024} MB"
+    assert result["sent"] < 20
+    assert "queued batches" in result["error"] and 2.9 <= result["blocked"] < 5.0
+
+
 # -- 7. timeouts -----------------------------------------------------------------------------------
 
 def test_a_consumer_with_no_producer_times_out_naming_the_url():

@@ -19,6 +19,7 @@ batch numbers, item indices and end markers; a hydrax consumer reads both kinds.
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import time
@@ -146,6 +147,9 @@ class Connection:
     :param linger: seconds :meth:`close` waits for queued messages to leave (default ``timeout``,
         or 60 s when that is None).
     :param max_message_bytes: larger messages are refused (the peer sending them is dropped).
+    :param max_queued_bytes: a producer's memory budget: :meth:`send` waits (up to ``timeout``)
+        while the batches ZeroMQ still holds would exceed it with the next one (one batch always
+        fits). None: only ``hwm`` bounds the queue.
     :param output: ``"numpy"`` arrays or ``"jax"`` arrays.
     :param aligned: receive data frames into 64-byte-aligned memory (one copy out of ZeroMQ's
         buffer, which XLA:CPU then aliases); on by default with ``output="jax"``. Without it numpy
@@ -167,6 +171,7 @@ class Connection:
                  batch_transforms: Any = None, batch_count: bool = True, converters: Any = None, report: int = -1,
                  stats_horizon: int = 1000, noexpand: bool = False, *, protocol: str = "tensorcom", topic: str | None = None,
                  timeout: float | None = 60.0, hwm: int = 4, linger: float | None = None, max_message_bytes: int = 1 << 34,
+                 max_queued_bytes: int | None = None,
                  output: str = "numpy", aligned: bool | None = None, producers: int = 1, subscribers: int = 0,
                  on_bad_message: str = "skip", curve: Curve | None = None, schema: Iterable[Any] | None = None) -> None:
         if protocol not in PROTOCOLS:
@@ -202,6 +207,10 @@ class Connection:
         self.hwm = hwm
         self.linger = linger
         self.max_message_bytes = int(max_message_bytes)
+        if max_queued_bytes is not None and not (isinstance(max_queued_bytes, int) and max_queued_bytes > 0):
+            raise ValueError(f"max_queued_bytes must be a positive number of bytes or None, got {max_queued_bytes!r}")
+        self.max_queued_bytes = max_queued_bytes
+        self._queued: collections.deque[tuple[zmq.MessageTracker, int]] = collections.deque()
         self.output = output
         self.aligned = output == "jax" if aligned is None else bool(aligned)
         self.producers = producers
@@ -326,6 +335,12 @@ class Connection:
         """Wait until the socket can ``event`` (POLLIN/POLLOUT), or raise at ``deadline``."""
         socket = self.socket
         started = time.monotonic()
+        if socket.type != zmq.XPUB:
+            # The common case, a batch within one slice, with one poll of the socket alone: the
+            # poller below (with the monitor) costs about 0.1 ms a message. Peer events wait.
+            first = POLL_MS if deadline is None else max(0, min(POLL_MS, int((deadline - started) * 1000)))
+            if zmq.zmq_poll([(socket, event)], first):
+                return
         poller = zmq.Poller()
         # An XPUB always polls ready for POLLOUT (libzmq cannot say that a subscriber is at its
         # high-water mark under XPUB_NODROP), so waiting for it would spin at full CPU: wait a
@@ -400,8 +415,13 @@ class Connection:
         if self.protocol == "hydrax":
             self._announce(arrays, names, topic)
             frames.insert(0, self._envelope(DATA, topic, fields))
-        self._send_frames(frames, "send")
-        self.stats.add(sum(a.nbytes for a in arrays))
+        nbytes = sum(a.nbytes for a in arrays)
+        if self.max_queued_bytes is None:
+            self._send_frames(frames, "send")
+        else:
+            self._make_room(nbytes)
+            self._queued.append((self._send_frames(frames, "send", track=True), nbytes))
+        self.stats.add(nbytes)
 
     write = send
 
@@ -418,17 +438,34 @@ class Connection:
         self._topics.add(topic)
         return envelope.pack(kind, topic, p=self.producer_id, s=self._seq, **fields)
 
-    def _send_frames(self, frames: list, doing: str, seconds: float | None = None) -> None:
+    def _send_frames(self, frames: list, doing: str, seconds: float | None = None, track: bool = False) -> zmq.MessageTracker | None:
         socket = self.socket
         if socket.type == zmq.XPUB and self.subscribers and self._subscribed < self.subscribers:
             self.wait_for_subscribers()
         deadline = self._deadline() if seconds is None else time.monotonic() + seconds
         while True:
             try:
-                socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return
+                return socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False, track=track)
             except zmq.Again:
                 self._wait(zmq.POLLOUT, deadline, doing)
+
+    def _make_room(self, nbytes: int) -> None:
+        """Wait until ZeroMQ has let go of enough earlier batches for ``nbytes`` more to fit the budget."""
+        while self._queued and self._queued[0][0].done:
+            self._queued.popleft()
+        deadline = self._deadline()
+        while self._queued and sum(n for _, n in self._queued) + nbytes > self.max_queued_bytes:
+            tracker, _ = self._queued[0]
+            try:
+                tracker.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                raise PeerTimeoutError(
+                    f"send on {self._where()} waited {self.timeout:g} s for the {len(self._queued)} queued batches "
+                    f"({sum(n for _, n in self._queued)} bytes) to leave, with {self.peers} peer(s) connected: the consumer "
+                    "is gone, stuck or not reading; raise the timeout if it is only slow",
+                    url=self.endpoints[0].url,
+                ) from None
+            self._queued.popleft()
 
     def mark(self, kind: str, topic: str | None = None, *, seconds: float | None = None, **fields: Any) -> None:
         """Send a hydrax marker: :data:`~hydrax.serve.envelope.EPOCH_END` or ``END`` (hydrax protocol only),
@@ -538,7 +575,7 @@ class Connection:
                 raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
             frames = []
         size = len(head)
-        more = socket.getsockopt(zmq.RCVMORE)
+        more = first.more  # the frame knows: no getsockopt call per frame
         while more:
             header = None
             # by the message's own shape, not this Connection's sending mode: receiving takes both
@@ -546,12 +583,13 @@ class Connection:
                 header = frames[-1]
             if header is not None:
                 frame, nbytes = self._recv_aligned(socket, header)
+                more = socket.getsockopt(zmq.RCVMORE)
             else:
                 frame = socket.recv(copy=False)
-                nbytes = len(_frame_buffer(frame))
+                nbytes = len(frame.buffer)
+                more = frame.more
             frames.append(frame)
             size += nbytes
-            more = socket.getsockopt(zmq.RCVMORE)
             if size > self.max_message_bytes:
                 self._drain(socket)
                 raise MessageError(f"message from {self._where()} is over max_message_bytes ({self.max_message_bytes})",

@@ -68,7 +68,7 @@ def _run_key(batch: Batch) -> tuple[bool, int]:
 def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | None = None, protocol: str = "hydrax",
           topic: str = "train", validation_topic: str = "validation", items: bool = True, timeout: float | None = 60.0,
           hwm: int = 4, subscribers: int = 0, curve: Curve | None = None, report: float = 0.0, noexpand: bool = False,
-          share: tuple[int, int] | None = None) -> ServeReport:
+          share: tuple[int, int] | None = None, max_queued_bytes: int | None = None) -> ServeReport:
     """Run ``dataloader`` and send every batch it delivers to ``url``; returns what was sent.
 
     :param dataloader: a :class:`hydrax.Dataloader` (not yet entered: ``serve`` enters and
@@ -82,6 +82,8 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
     :param items: send each batch's item indices in its envelope.
     :param timeout: seconds a send may wait for a consumer (see :class:`Connection`).
     :param hwm: messages queued per peer before sending blocks.
+    :param max_queued_bytes: the producer's memory budget for batches ZeroMQ still holds (see
+        :class:`Connection`).
     :param subscribers: on pub/sub, wait for this many subscribers before the first batch.
     :param curve: CURVE encryption (:class:`~hydrax.serve.Curve`).
     :param report: log the rate every this many seconds (0: never).
@@ -94,7 +96,7 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
     if share is not None:
         return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
-                            curve=curve, noexpand=noexpand)
+                            curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes)
     enter = getattr(dataloader, "__enter__", None)
     result = ServeReport()
     start = last_report = time.monotonic()
