@@ -530,3 +530,22 @@ def test_workers_keep_large_blocks_on_the_heap(monkeypatch):
     group = DataGroup(4, range(8), loader_arrays=ARRAYS)
     with Dataloader(load_heap_check, group, loader_count=2, end_at=("epoch", 1)) as loader:
         assert [np.asarray(b.arrays["item"]).tolist() for b in loader] == [[1] * 4, [1] * 4]
+
+
+def test_select_stream_loads_one_share_and_never_drops_a_batch():
+    group = DataGroup(2, range(10), loader_arrays=ARRAYS)
+    loader = Dataloader(load, group, end_at=("epoch", 1))
+    with pytest.raises(ValueError, match="stream index 2 is not below the count 2"):
+        loader.select_stream(2, 2)
+    loader.select_stream(1, 2)
+    with loader:
+        assert [batch.batch_num for batch in loader] == [1, 3]
+    with pytest.raises(RuntimeError, match="before the Dataloader is entered"):
+        loader.select_stream(0, 2)
+    # a share must not lose a batch quietly: its consumer waits for every position
+    failing = Dataloader(load_failing, DataGroup(2, range(10), loader_arrays=ARRAYS), end_at=("epoch", 1))
+    failing.select_stream(0, 1)
+    with pytest.raises(hydrax.BatchFailedError, match="planned failure"):
+        with failing:
+            for _ in failing:
+                pass

@@ -1,5 +1,6 @@
 """The schedule as pure functions: order, seeds, validation, start and end, resume equality."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -19,6 +20,7 @@ from hydrax.schedule import (
     normalise_start,
     permutation,
     read_order,
+    stream_positions,
     validation_item_order,
 )
 
@@ -295,3 +297,20 @@ def test_read_order_tells_read_ahead_how_batches_read_their_items():
     assert read_order(plan(later="batchwise"), 0) == "sequential" and read_order(plan(later="batchwise"), 1) == "random"
     assert read_order(plan(first=True, later="repeat"), 3) == "random"
     assert read_order(plan(first=True), 0, training=False) == "random" and read_order(plan(), 0, training=False) == "sequential"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("first", [0, 4])
+def test_stream_shares_are_disjoint_and_make_the_whole_run(count, first):
+    whole = Plan(training=(plan(), plan(n=6, bs=3)), validation=(plan(n=4, bs=2),), validation_mode="epoch",
+                 start=(1, 1), end=("epoch", 3))
+    steps = list(iter_steps(whole))
+    shares = [list(iter_steps(dataclasses.replace(whole, stream=(k, count, first)))) for k in range(count)]
+    merged = [None] * len(steps)
+    for k, share in enumerate(shares):
+        positions = list(itertools.islice(stream_positions(k, count, first), len(share)))
+        assert all(p % count == k and p >= first for p in positions)
+        for p, step in zip(positions, share):
+            merged[p] = step
+    assert merged[first:] == steps[first:]
+    assert sum(len(s) for s in shares) == len(steps) - first

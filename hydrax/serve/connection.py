@@ -128,7 +128,8 @@ class Connection:
     :param multipart: frames ``[hdr, data, ...]`` (True) or one tenbin buffer per message.
     :param infos: names sent with the arrays; on receive, names the arrays must have.
     :param device: with ``output="jax"``, the device to place arrays on (default: JAX's default).
-    :param allow64: kept for tensorcom's signature; pass ``allow64`` to :meth:`send`.
+    :param allow64: let :meth:`send` send float64/int64/uint64 arrays (tensorcom 0.1.0 stored
+        this and ignored it; its ``send(allow64=...)`` works too).
     :param raw: accepted and ignored, as in tensorcom.
     :param batch_transforms: callables applied position-wise to each received list (None skips one).
     :param batch_count: count samples (``len`` of the first array) rather than messages.
@@ -727,7 +728,9 @@ class Connection:
             return
         try:
             if self.socket.type in (zmq.PUSH, zmq.XPUB):
-                self.finish()
+                # With no consumer connected, queue the end marker if there is room, but do not
+                # wait a whole timeout for one: ``linger`` already waits for them to come.
+                self.finish(seconds=0.0 if self.peers == 0 else None)
         except (ServeError, zmq.ZMQError) as exc:
             log.warning("[hydrax] could not send the end marker on %s: %s", self._where(), exc)
         finally:
