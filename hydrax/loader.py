@@ -27,7 +27,7 @@ from .group import DataGroup
 from .hosts import HostAgreement, distributed_client
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
-from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start, share_ranges
+from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start, plan_fingerprint, share_ranges
 from .sharding import GroupSharding, as_shardings, plan_group
 from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, jax_backend_live, start_method, warm_forkserver
 
@@ -381,6 +381,13 @@ class Dataloader(Generic[D]):
             raise ValueError(f"stream index {index} is not below the count {count}")
         self._plan = dataclasses.replace(self._plan, stream=(index, count, _int("stream first", first)))
         self._strict = True
+
+    @property
+    def schedule_fingerprint(self) -> str:
+        """A digest of what decides this run's batches (groups, sizes, seeds, shuffles,
+        validation, ``start_at``, ``end_at``): equal for every producer serving a share of the
+        same run (:meth:`select_stream` does not change it)."""
+        return plan_fingerprint(self._plan)
 
     @property
     def batches_per_epoch(self) -> int:

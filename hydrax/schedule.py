@@ -10,6 +10,7 @@ ends the run at once.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -375,6 +376,14 @@ class Plan:
             return None
         kind, n = self.end
         return n if kind == "batch" else n * self.batches_per_epoch
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """A short digest of everything that decides a run's batches (groups, sizes, seeds, shuffles,
+    validation, start and end), not of which share of it is loaded: equal for the producers that
+    serve shares of one run, different for another run."""
+    whole = replace(plan, stream=None)
+    return hashlib.sha256(repr(whole).encode()).hexdigest()[:16]
 
 
 def normalise_start(start_at: tuple[int, int], batches_per_epoch: int) -> tuple[int, int]:

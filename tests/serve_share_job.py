@@ -29,7 +29,8 @@ def load(item, arrays, seed):
 
 def make_loader(start=(0, 0)):
     """The run every test compares: 2 epochs of 10 batches of 4, and 3 validation batches per epoch."""
-    train = DataGroup(4, range(40), loader_arrays=ARRAYS, seed=5, shuffle_first=True)
+    seed = int(os.environ.get("HYDRAX_TEST_SEED", "5"))
+    train = DataGroup(4, range(40), loader_arrays=ARRAYS, seed=seed, shuffle_first=True)
     valid = DataGroup(2, range(100, 106), loader_arrays=ARRAYS, seed=9)
     return Dataloader(load, train, validation=("epoch", 1, valid), start_at=start, end_at=("epoch", 2), loader_count=1, depth=2)
 
@@ -41,4 +42,4 @@ if __name__ == "__main__":
     keys = os.environ.get("HYDRAX_TEST_CURVE")
     curve = Curve(*keys.split(",")) if keys else None
     report = serve(make_loader((epoch, batch)), url, share=(index, count), timeout=30, curve=curve)
-    print(f"served {report.batches}", flush=True)
+    print(f"complete {report.complete} served {report.batches}", flush=True)

@@ -43,17 +43,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def shards(tmp_path):
-    """Two shards of 12 samples: sample i is a 20x24 PNG of the grey level 10*i, with cls i."""
+def write_shards(root) -> str:
+    """Two shards of 12 samples in ``root``: sample i is a 20x24 PNG of the grey level 10*i, with cls i."""
     from PIL import Image
 
-    with ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=12) as writer:
+    with ShardWriter(str(root / "s-%02d.tar"), maxcount=12) as writer:
         for i in range(SAMPLES):
             buffer = io.BytesIO()
             Image.fromarray(np.full((20, 24, 3), 10 * i, np.uint8)).save(buffer, "PNG")
             writer.write({"__key__": f"k{i:02d}", "png": buffer.getvalue(), "cls": str(i)})
-    return str(tmp_path / "s-*.tar")
+    return str(root / "s-*.tar")
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """The shards of :func:`write_shards`, for one test."""
+    return write_shards(tmp_path)
 
 
 def check_epoch(batches):
@@ -241,3 +246,155 @@ def test_failures_exit_1_with_one_line_naming_the_url(shards, tmp_path):
 def test_help_explains_with_an_example(command):
     result = hydrax(command, "--help")
     assert result.returncode == 0 and "examples:" in result.stdout and f"hydrax {command} " in result.stdout
+
+
+# -- reliable mode: hydrax serve --share K/N, hydrax monitor --shares N ---------------------------
+
+SHARE_OPTIONS = ("--batch-size", "2", "--size", str(SIZE), "--epochs", "1", "--workers", "1", "--depth", "2", "--seed", "3")
+SHARE_BATCHES = SAMPLES // 2
+
+
+@pytest.fixture(scope="module")
+def share_shards(tmp_path_factory):
+    """The shards of :func:`write_shards`, for the module's reliable-mode tests."""
+    return write_shards(tmp_path_factory.mktemp("share-shards"))
+
+
+@pytest.fixture
+def reap():
+    """A list for the processes a test starts: those still running at its end (it failed) are killed."""
+    processes = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def serve_share(shards, port, share, processes):
+    """``hydrax serve`` of share ``share`` ("K/N") of the module's run, into a collector on ``port``
+    (the process is added to ``processes``)."""
+    process = start("serve", shards, f"zpush://127.0.0.1:{port}", *SHARE_OPTIONS, "--share", share, "--report", "0")
+    processes.append(process)
+    return process
+
+
+def share_row(message):
+    """What identifies a batch of the run: its stream position, epoch, batch, items, labels and images."""
+    images, labels = message.arrays
+    assert message.infos == ["image", "label"] and images.shape == (2, SIZE, SIZE, 3)
+    for image, value in zip(images, labels):  # each image is its sample's: grey level 10 * label
+        assert abs(int(image.min()) - 10 * int(value)) <= 1 and abs(int(image.max()) - 10 * int(value)) <= 1
+    fields = message.fields
+    return (message.seq, fields["epoch"], fields["batch"], tuple(fields["items"]), tuple(labels.tolist()), images.tobytes())
+
+
+def check_run(rows):
+    """One epoch, every sample exactly once, the stream positions in order."""
+    assert [row[0] for row in rows] == list(range(SHARE_BATCHES))
+    assert sorted(label for row in rows for label in row[4]) == list(range(SAMPLES))
+
+
+@pytest.fixture(scope="module")
+def one_share_run(share_shards):
+    """The rows of the run served whole, by one ``--share 0/1`` process."""
+    from hydrax.serve import Collector
+
+    port = free_port()
+    processes = []
+    try:
+        with Collector(f"zpull://127.0.0.1:{port}", 1, timeout=60) as collector:
+            serve_share(share_shards, port, "0/1", processes)
+            rows = [share_row(m) for m in collector.messages()]
+    finally:
+        status, out, err = finish(processes[0])
+    assert status == 0, err
+    assert f"(reliable mode, share 0/1): 1 epoch of {SHARE_BATCHES} batches" in out
+    assert f"served {SHARE_BATCHES} batches of share 0/1" in out.splitlines()[-1]
+    check_run(rows)
+    assert [row[4] for row in rows] != [tuple(range(2 * b, 2 * b + 2)) for b in range(SHARE_BATCHES)]  # shuffled
+    return rows
+
+
+def test_two_shares_serve_the_run_once_in_its_order(share_shards, one_share_run, reap):
+    from hydrax.serve import Collector
+
+    port = free_port()
+    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=60) as collector:
+        processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
+        rows = [share_row(m) for m in collector.messages()]
+        assert collector.duplicates == 0
+    for k, process in enumerate(processes):
+        status, out, err = finish(process)
+        assert status == 0, err
+        assert f"served {SHARE_BATCHES // 2} batches of share {k}/2" in out.splitlines()[-1]
+    check_run(rows)
+    assert rows == one_share_run
+
+
+def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, one_share_run, reap):
+    from hydrax.serve import Collector
+
+    port = free_port()
+    rows = []
+    processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
+    replacements = {}
+    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=60, credit=1) as collector:
+        for message in collector.messages():
+            rows.append(share_row(message))
+            # With credit 1, a share has sent at most one batch ahead of the collector, and holds
+            # two more: neither has loaded its 6 batches here, nor ended its share.
+            if len(rows) == 1:  # share 0 is stopped with Ctrl+C: it stops at once, without ending its share
+                processes[0].send_signal(signal.SIGINT)
+                status, out, err = finish(processes[0])
+                assert status == 130, err
+                assert "share 0/2 stopped without ending; start it again with the same arguments" in err
+                assert "Traceback" not in err
+                replacements[0] = serve_share(share_shards, port, "0/2", reap)
+            elif len(rows) == 2:  # share 1 crashes: SIGKILL
+                processes[1].send_signal(signal.SIGKILL)
+                processes[1].wait(10)
+                replacements[1] = serve_share(share_shards, port, "1/2", reap)
+    check_run(rows)
+    assert rows == one_share_run
+    for process in replacements.values():  # each replacement served only what its share had not delivered
+        status, out, err = finish(process)
+        assert status == 0, err
+        served = int(out.splitlines()[-1].split()[1])
+        assert 0 < served < SHARE_BATCHES // 2, out
+
+
+def test_monitor_receives_the_shares_of_a_run(share_shards, reap):
+    port = free_port()
+    monitor = start("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--report", "4", "--timeout", "60")
+    reap.append(monitor)
+    processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
+    status, out, err = finish(monitor)
+    for process in processes:
+        assert finish(process)[0] == 0
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"receiving from zpull://127.0.0.1:{port}: 2 shares (reliable mode, in order)"
+    assert lines[1] == f"first batch: image uint8 (2, {SIZE}, {SIZE}, 3), label int32 (2,)"
+    assert [line.split()[0] for line in lines if "batches/s" in line and not line.startswith("the stream")] == ["4", "8", "12"]
+    assert lines[-2].startswith(f"the stream ended: {SHARE_BATCHES} batches, {SAMPLES} samples, ")
+    assert lines[-1] == f"stream position {SHARE_BATCHES} (every batch before it received once), 0 duplicates dropped"
+
+
+def test_reliable_mode_refuses_what_does_not_apply(share_shards):
+    port = free_port()
+    for args, status, words in [
+        (("serve", share_shards, f"zpub://127.0.0.1:{port}", "--share", "0/2"), 1,
+         f"--share serves a Collector: use a zpush://COLLECTOR:PORT or zrpush://0.0.0.0:PORT URL, not zpub://127.0.0.1:{port}"),
+        (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--protocol", "hydrax", "--hwm", "2"), 2,
+         "--protocol and --hwm do not apply with --share"),
+        (("monitor", f"zpull://127.0.0.1:{port}", "--unordered"), 2, "--unordered needs --shares N"),
+        (("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--topic", "train"), 2, "--topic does not apply with --shares"),
+        (("monitor", f"zsub://127.0.0.1:{port}", "--shares", "2"), 1, "use a zpull://0.0.0.0:PORT or zrpull://HOST:PORT URL, not zsub://"),
+    ]:
+        result = hydrax(*args)
+        assert result.returncode == status, (args, result.stderr)
+        assert result.stderr.startswith(f"hydrax {args[0]}: ") and words in result.stderr, (args, result.stderr)
+        assert result.stderr.count("\n") == 1, (args, result.stderr)
+    result = hydrax("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "2/2")
+    assert result.returncode == 2 and "expected K/N with 0 <= K < N" in result.stderr

@@ -170,3 +170,40 @@ def test_curve_encrypted_shares():
         rows = [remote_row(m) for m in collector.messages()]
     finish([process])
     assert rows == local_run()
+
+
+def test_an_interrupted_share_is_left_open_for_its_restart():
+    """Ctrl+C (the Dataloader interrupted) must not tell the collector the share is complete."""
+    url = f"zpush://127.0.0.1:{free_port()}"
+    processes = [producer(url, 0, 2, delay=0.01), producer(url, 1, 2)]
+    rows = []
+    interrupted = False
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=60, credit=1) as collector:
+        for message in collector.messages():
+            rows.append(remote_row(message))
+            if len(rows) == 3 and not interrupted:
+                processes[0].send_signal(signal.SIGINT)
+                out, err = processes[0].communicate(timeout=60)
+                assert "served" in out and "complete False" in out, err[-2000:]
+                interrupted = True
+                processes.append(producer(url, 0, 2))
+    finish(processes[1:])
+    assert rows == local_run()
+
+
+def test_shares_of_different_runs_are_refused():
+    url = f"zpush://127.0.0.1:{free_port()}"
+    shares = [producer(url, 0, 2), producer(url, 1, 2, env={"HYDRAX_TEST_SEED": "6"})]  # another shuffle, same sizes
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+        with pytest.raises(PeerTimeoutError):  # the refused share never comes
+            for _ in collector.messages():
+                pass
+    deadline = time.monotonic() + 30
+    while all(p.poll() is None for p in shares) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    refused = [p for p in shares if p.poll() is not None]
+    for p in shares:
+        p.kill()
+    errors = [p.communicate()[1] for p in shares]
+    assert refused, "no share was refused"
+    assert any("serves another run" in e for e in errors)

@@ -15,21 +15,36 @@ tensormon and hydrax read; --protocol hydrax adds an envelope (topic, epoch, bat
 and epoch and end-of-stream markers, so a hydrax consumer (`hydrax monitor`, hydrax.serve.Connection)
 ends when the stream does. It serves until --epochs are sent (default: forever, as tensorcom's
 servers do). Ctrl+C stops after the batch being sent (with the hydrax protocol, consumers are told
-the stream ended); a second Ctrl+C stops at once.
+the stream ended); a second Ctrl+C stops at once. (With --share, the first stops at once: see below.)
+
+Reliable mode (--share K/N): N processes, on one machine or several, each serve one share of the
+same run to one hydrax Collector (hydrax.serve.Collector, or `hydrax monitor --shares N`), which
+gets every batch exactly once, in the run's order. Share K sends the run's batches K, K+N, K+2N, ...
+Every share must be started with the same shards, options and --seed (only --share differs): they
+split one run, and the collector refuses a share whose run has another length. The URL is
+zpush://COLLECTOR:PORT (every share connects to the collector's zpull://) or zrpush://0.0.0.0:PORT
+(each share binds its own port, and the collector connects to all). A share process that dies, is
+killed, or is stopped with Ctrl+C can be started again with the same arguments: it resumes where its
+share stopped, and nothing is lost or repeated (the collector waits for it up to its own timeout).
+Reliable mode has its own protocol: --protocol, --topic, --subscribers and --hwm do not apply.
+With --epochs 0 (forever) the collector receives until it is stopped.
 
 Exit status: 0 when the epochs were sent, 1 on a failure (a consumer that takes nothing for
---timeout seconds, unreadable shards, an address in use), 130 after Ctrl+C.
+--timeout seconds, unreadable shards, an address in use, a collector that refuses the share), 2 for
+options that do not go together, 130 after Ctrl+C.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -49,7 +64,12 @@ def register(commands) -> None:
         epilog="examples:\n"
                "  hydrax serve 'data/train-{0000..0099}.tar' zpub://0.0.0.0:7880 --batch-size 64 --size 224\n"
                "  tensormon zsub://127.0.0.1:7880              # or: hydrax monitor zsub://127.0.0.1:7880\n"
-               "  hydrax serve 'data/val-*.tar' zrpush://0.0.0.0:7881 --epochs 1 --protocol hydrax --shuffle none",
+               "  hydrax serve 'data/val-*.tar' zrpush://0.0.0.0:7881 --epochs 1 --protocol hydrax --shuffle none\n"
+               "\n"
+               "  # reliable mode: two machines each serve half of one run to a collector on 'trainer'\n"
+               "  hydrax monitor zpull://0.0.0.0:7882 --shares 2    # on trainer (or hydrax.serve.Collector)\n"
+               "  hydrax serve 'data/train-{0000..0099}.tar' zpush://trainer:7882 --epochs 1 --share 0/2   # on machine A\n"
+               "  hydrax serve 'data/train-{0000..0099}.tar' zpush://trainer:7882 --epochs 1 --share 1/2   # on machine B",
     )
     parser.add_argument("inputs", nargs="+", metavar="SHARDS... URL",
                         help="shard paths, globs, brace patterns or s3:// URLs, then the ZeroMQ URL to serve on "
@@ -65,18 +85,64 @@ def register(commands) -> None:
     parser.add_argument("--shuffle", choices=("shardwise", "itemwise", "none"), default="shardwise",
                         help="item order (default shardwise); none: the shards' order, every epoch")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the shuffle and the crops (default 0)")
-    parser.add_argument("--protocol", choices=("tensorcom", "hydrax"), default="tensorcom",
-                        help="tensorcom: bare arrays (default); hydrax: with topics, batch numbers and end markers")
-    parser.add_argument("--topic", default="train", help="the hydrax protocol's topic (default train)")
-    parser.add_argument("--subscribers", type=int, default=0, metavar="N",
-                        help="on zpub/zrpub, wait for N subscribers before the first batch, so none misses it (default 0)")
+    parser.add_argument("--share", type=share_arg, metavar="K/N",
+                        help="reliable mode: serve share K of N of the run to a hydrax Collector (zpush:// or zrpush:// "
+                             "URL); run K = 0 .. N-1 with the same shards, options and --seed")
+    parser.add_argument("--protocol", choices=("tensorcom", "hydrax"),
+                        help="tensorcom: bare arrays (default); hydrax: with topics, batch numbers and end markers "
+                             "(not with --share)")
+    parser.add_argument("--topic", help="the hydrax protocol's topic (default train; not with --share)")
+    parser.add_argument("--subscribers", type=int, metavar="N",
+                        help="on zpub/zrpub, wait for N subscribers before the first batch, so none misses it "
+                             "(default 0; not with --share)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="fail when no consumer takes a batch for this long (default 60; 0 waits forever)")
-    parser.add_argument("--hwm", type=int, default=4, metavar="N", help="batches queued per consumer (default 4)")
+    parser.add_argument("--hwm", type=int, metavar="N", help="batches queued per consumer (default 4; not with --share)")
     parser.add_argument("--report", type=float, default=10.0, metavar="SECONDS",
                         help="print the rate every SECONDS (default 10; 0: only the summary at the end)")
     add_s3_options(parser)
     parser.set_defaults(run=run)
+
+
+def share_arg(text: str) -> tuple[int, int]:
+    """An argparse type: ``"K/N"`` as ``(K, N)``, share K of N (``0 <= K < N``)."""
+    index, slash, count = text.partition("/")
+    try:
+        share = (int(index), int(count)) if slash else None
+    except ValueError:
+        share = None
+    if share is None or share[1] < 1 or not 0 <= share[0] < share[1]:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, as in 0/2 (share 0 of 2), got {text!r}")
+    return share
+
+
+#: The options of the plain (unreliable) mode, and their defaults: reliable mode refuses them.
+PLAIN_OPTIONS = {"protocol": "tensorcom", "topic": "train", "subscribers": 0, "hwm": 4}
+
+
+def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
+    """Check ``--share`` against the other options and the URL, and fill in the plain mode's
+    defaults; ``(message, exit status)`` when they do not go together, else None."""
+    import zmq
+
+    given = [name for name in PLAIN_OPTIONS if getattr(args, name) is not None]
+    if args.share is None:
+        for name, default in PLAIN_OPTIONS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        if args.subscribers < 0:
+            return "--subscribers cannot be negative", 2
+        if args.hwm < 1:
+            return f"--hwm must be at least 1, got {args.hwm}", 2
+        return None
+    if given:
+        options = " and ".join(f"--{name}" for name in given)
+        return (f"{options} do{'es' * (len(given) == 1)} not apply with --share: reliable mode has its own protocol "
+                "(read it with hydrax.serve.Collector or hydrax monitor --shares N)"), 2
+    if endpoints[0].socket_type != zmq.PUSH:
+        return (f"--share serves a Collector: use a zpush://COLLECTOR:PORT or zrpush://0.0.0.0:PORT URL, "
+                f"not {endpoints[0].url}"), 1
+    return None
 
 
 def split_inputs(inputs: list[str], urls: list[str]) -> tuple[list[str], list[str]]:
@@ -126,12 +192,39 @@ def load_image_label(field: str | None, size: int, label_fields: tuple[str, ...]
 
 class _Stoppable:
     """The Dataloader as :func:`hydrax.serve.serve` enters it, with hydrax serve's Ctrl+C: the first
-    ends the iteration (so the stream ends properly), the second raises ``KeyboardInterrupt``."""
+    ends the iteration (so the stream ends properly), the second raises ``KeyboardInterrupt``.
 
-    def __init__(self, loader) -> None:
+    With ``share`` (reliable mode) the first Ctrl+C ends the process at once instead, without
+    ending the share: the collector keeps its place, and a process started again with the same
+    arguments resumes there (ending the iteration would tell the collector that the share is
+    complete). Every ``report`` seconds it prints the share's progress; other attributes are the
+    Dataloader's, which reliable mode reads (``select_stream``, ``batches_per_epoch``, ...).
+    """
+
+    def __init__(self, loader, share: tuple[int, int] | None = None, report: float = 0.0) -> None:
         self.loader = loader
+        self.share = share
+        self.report = report
         self.stopped = False
         self._previous = None
+
+    def __getattr__(self, name: str):
+        if name == "loader":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self):
+        """The loader's batches (reliable mode iterates this), with the progress reports."""
+        started = last = time.monotonic()
+        batches = 0
+        for batch in self.loader:
+            yield batch
+            batches += 1
+            now = time.monotonic()
+            if self.report and now - last >= self.report:
+                last = now
+                print(f"[hydrax] share {self.share[0]}/{self.share[1]}: served {batches:,} batches, "
+                      f"{batches / (now - started):,.1f} batches/s", flush=True)
 
     def __enter__(self):
         batches = self.loader.__enter__()
@@ -142,9 +235,11 @@ class _Stoppable:
     def __exit__(self, exc_type, exc, tb):
         from ..serve import ServeError
 
-        if self._previous is not None:
+        if self._previous is not None and self.share is None:
             signal.signal(signal.SIGINT, self._previous)  # the loader's, which it restores in turn
-            self._previous = None
+        # A share keeps its own while the loader shuts down (the loader's would wait for it): the
+        # loader then restores the one it found, the share's own again.
+        self._previous = None
         if exc_type is not None and issubclass(exc_type, (ServeError, KeyboardInterrupt)) and not issubclass(exc_type, WorkerError):
             exc_type = exc = tb = None  # the command reports these itself, in one line: no "shutting down due to"
         return self.loader.__exit__(exc_type, exc, tb)
@@ -153,6 +248,14 @@ class _Stoppable:
         if self.stopped:
             raise KeyboardInterrupt
         self.stopped = True
+        if self.share is not None:
+            # A crash, as far as the collector knows: the batches in flight were never counted as
+            # received, and the loader processes die with this one (PR_SET_PDEATHSIG, memfd arena).
+            report("serve", f"interrupted: share {self.share[0]}/{self.share[1]} stopped without ending; start it again "
+                            "with the same arguments to resume where it stopped")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         report("serve", "interrupted: ending after the batch being sent (Ctrl+C again to stop at once)")
         try:
             self.loader.interrupt()
@@ -166,12 +269,12 @@ def run(args: argparse.Namespace) -> int:
     from ..shards.stats import LABEL_FIELDS
     from ..shards.tarindex import is_image_field
 
-    for name in ("batch_size", "size", "workers", "depth", "hwm"):
+    for name in ("batch_size", "size", "workers", "depth"):
         if getattr(args, name) < 1:
             report("serve", f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
             return 2
-    if args.epochs < 0 or args.subscribers < 0 or args.timeout < 0 or args.report < 0:
-        report("serve", "--epochs, --subscribers, --timeout and --report cannot be negative")
+    if args.epochs < 0 or args.timeout < 0 or args.report < 0:
+        report("serve", "--epochs, --timeout and --report cannot be negative")
         return 2
     try:
         shards, urls = split_inputs(args.inputs, args.url)
@@ -182,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
     if not endpoints[0].sends:
         report("serve", f"{endpoints[0].url} receives: to send, use zpub://, zrpush://, zpush:// or zrpub://")
         return 1
+    problem = check_mode(args, endpoints)
+    if problem is not None:
+        report("serve", problem[0])
+        return problem[1]
     label_fields = (args.label_field,) if args.label_field else LABEL_FIELDS
     try:
         dataset = ShardSet(shards, **shard_options(args))
@@ -226,15 +333,28 @@ def run(args: argparse.Namespace) -> int:
     batch = group.batch_size
     epochs = f"{args.epochs} epoch{'s' * (args.epochs != 1)}" if args.epochs else "epochs"
     until = "" if args.epochs else " until Ctrl+C"
+    if args.share is None:
+        mode, options = f"{args.protocol} protocol", {"protocol": args.protocol, "topic": args.topic, "hwm": args.hwm,
+                                                     "subscribers": args.subscribers, "report": args.report}
+    else:
+        index, count = args.share
+        # what the schedule cannot see: which data, and how each sample becomes arrays
+        data = hashlib.sha256("\n".join(dataset.urls).encode()).hexdigest()[:12]
+        fingerprint = f"data {data} size {args.size} field {args.field} label {args.label_field}"
+        mode, options = f"reliable mode, share {index}/{count}", {"share": args.share, "fingerprint": fingerprint}
+        if count > 1:
+            mode += f": batches {index}, {index + count}, {index + 2 * count}, ... of the run"
     print(f"serving {len(dataset):,} samples of {len(dataset.urls)} shards on {', '.join(e.url for e in endpoints)} "
-          f"({args.protocol} protocol): {epochs} of {loader.batches_per_epoch:,} batches{until}, "
+          f"({mode}): {epochs} of {loader.batches_per_epoch:,} batches{until}, "
           f"image uint8 ({batch}, {args.size}, {args.size}, 3), label int32 ({batch},)", flush=True)
     _no_fork_server()
-    stoppable = _Stoppable(loader)
-    handler = _report_handler() if args.report else None
+    stoppable = _Stoppable(loader, share=args.share, report=args.report)
+    handler = _report_handler() if args.report and args.share is None else None
+    # A share's Ctrl+C stops it without ending it from the start (waiting for the collector's
+    # welcome) to the end (the last batches wait in the sender after the loader is done).
+    previous = signal.signal(signal.SIGINT, stoppable._on_sigint) if args.share is not None else None
     try:
-        result = serve(stoppable, urls, arrays=ARRAYS, protocol=args.protocol, topic=args.topic, timeout=args.timeout or None,
-                       hwm=args.hwm, subscribers=args.subscribers, report=args.report)
+        result = serve(stoppable, urls, arrays=ARRAYS, timeout=args.timeout or None, **options)
     except (Exception, WorkerError) as exc:  # a dead loader process is a failure, not the user's Ctrl+C
         report("serve", exc)
         return 1
@@ -244,8 +364,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if handler is not None:
             logging.getLogger("hydrax.serve.producer").removeHandler(handler)
+        if args.share is not None:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
     rate = result.batches / result.seconds if result.seconds > 0 else 0.0
-    print(f"served {result.batches:,} batches ({result.bytes / 1e6:,.1f} MB) in {result.seconds:.1f} s: "
+    of_share = "" if args.share is None else f" of share {args.share[0]}/{args.share[1]}"
+    print(f"served {result.batches:,} batches{of_share} ({result.bytes / 1e6:,.1f} MB) in {result.seconds:.1f} s: "
           f"{rate:,.1f} batches/s, {result.mb_per_second:,.1f} MB/s", flush=True)
     return 130 if stoppable.stopped else 0
 

@@ -33,6 +33,8 @@ class ServeReport:
     batches: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    #: False when the run was interrupted before its end (a share is then left open)
+    complete: bool = True
 
     @property
     def mb_per_second(self) -> float:
@@ -68,7 +70,7 @@ def _run_key(batch: Batch) -> tuple[bool, int]:
 def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | None = None, protocol: str = "hydrax",
           topic: str = "train", validation_topic: str = "validation", items: bool = True, timeout: float | None = 60.0,
           hwm: int = 4, subscribers: int = 0, curve: Curve | None = None, report: float = 0.0, noexpand: bool = False,
-          share: tuple[int, int] | None = None, max_queued_bytes: int | None = None) -> ServeReport:
+          share: tuple[int, int] | None = None, max_queued_bytes: int | None = None, fingerprint: str = "") -> ServeReport:
     """Run ``dataloader`` and send every batch it delivers to ``url``; returns what was sent.
 
     :param dataloader: a :class:`hydrax.Dataloader` (not yet entered: ``serve`` enters and
@@ -91,10 +93,16 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
         ``count`` of the run's stream to a :class:`~hydrax.serve.Collector` (``url`` is then a
         ``zpush``/``zrpush`` URL), which gets every batch exactly once, in order; a producer
         restarted after a crash resumes where its share stopped. ``dataloader`` must be a
-        :class:`hydrax.Dataloader`, the same run (arguments) for every share.
+        :class:`hydrax.Dataloader`, the same run (arguments) for every share. The collector
+        refuses a share whose schedule differs from the others' (the Dataloader's
+        :attr:`~hydrax.Dataloader.schedule_fingerprint`), or whose ``fingerprint`` does: give there
+        what the schedule cannot see, such as the data's names (the shard URLs) and image size.
+        A share stopped by Ctrl+C (the Dataloader interrupted) sends no end marker: restarted,
+        it resumes where it stopped (the report's ``complete`` is False).
     """
     if share is not None:
-        return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve)
+        return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve,
+                            fingerprint=fingerprint)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
                             curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes)
     enter = getattr(dataloader, "__enter__", None)
@@ -130,9 +138,11 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
 
 
 def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, int], *, arrays, items: bool, timeout: float | None,
-                 noexpand: bool, curve: Curve | None) -> ServeReport:
+                 noexpand: bool, curve: Curve | None, fingerprint: str) -> ServeReport:
     index, count = share
-    fingerprint = f"epoch of {dataloader.batches_per_epoch} from batch {dataloader.first_batch} to {dataloader.last_batch}"
+    # Shares of different runs must not mix: the schedule's own fingerprint (groups, sizes, seeds,
+    # shuffles, start and end), and the caller's words for what the schedule cannot see (the data).
+    fingerprint = dataloader.schedule_fingerprint + (f" {fingerprint}" if fingerprint else "")
     sender = ShareSender(url, index, count, fingerprint, timeout=timeout, noexpand=noexpand, curve=curve)
     first = sender.start()
     dataloader.select_stream(index, count, first)
@@ -153,8 +163,13 @@ def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, in
         except Exception:  # noqa: BLE001 (the original error matters more)
             log.debug("could not send share %d's failure", index, exc_info=True)
         raise
-    sender.end(next(positions))
     result.seconds = time.monotonic() - start
+    if getattr(dataloader, "interrupted", False):
+        # Stopped inside the share: leave it open, as a crash would, for a restart to resume.
+        sender.abandon()
+        result.complete = False
+        return result
+    sender.end(next(positions))
     return result
 
 

@@ -276,7 +276,8 @@ class ShareSender:
     """The producer's end: a thread that owns a DEALER socket, says hello, and sends within credit.
 
     :meth:`start` returns the first position the collector wants from this share; :meth:`put`
-    queues one batch (frames and fields); :meth:`end` sends the end marker and waits for it to go.
+    queues one batch (frames and fields); :meth:`end` sends the end marker and waits for it to go;
+    :meth:`abandon` stops without one.
     """
 
     def __init__(self, url: str | Iterable[str], share: int, shares: int, fingerprint: str, *, timeout: float | None = 60.0,
@@ -329,6 +330,12 @@ class ShareSender:
         self._thread.join(None if self.timeout is None else self.timeout + 15)
         self._raise_error()
 
+    def abandon(self) -> None:
+        """Stop without an end marker (as a crash would): the collector keeps the share open for a
+        restarted producer, which resumes at the first batch it lacks."""
+        self._put(("stop",))
+        self._thread.join(10)
+
     def _run(self) -> None:
         context = zmq.Context()
         socket = peers = auth = None
@@ -377,12 +384,14 @@ class ShareSender:
                     self._send(socket, HELLO, **hello)
                     last_sent = now
                 continue
-            while credit > 0:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+            while self._queue.queue:
+                kind = self._queue.queue[0][0]
+                if kind == "data" and credit == 0:
                     break
-                if item[0] == "end":
+                item = self._queue.get_nowait()
+                if kind == "stop":
+                    return  # abandoned: no end marker, so a restarted producer resumes the share
+                if kind == "end":
                     fields = {"next": item[1]}
                     if item[2]:
                         fields["error"] = item[2]
@@ -392,10 +401,6 @@ class ShareSender:
                 self._send(socket, envelope.DATA, frames, pos=position, **fields)
                 credit -= 1
                 last_sent = time.monotonic()
-            if credit == 0 and not self._queue.empty() and self._queue.queue[0][0] == "end":
-                item = self._queue.get_nowait()
-                self._send(socket, envelope.END, next=item[1], **({"error": item[2]} if item[2] else {}))
-                return
             now = time.monotonic()
             if now - last_sent >= BEAT_SECONDS:
                 self._send(socket, BEAT)
