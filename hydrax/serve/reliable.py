@@ -216,8 +216,8 @@ class Collector:
         position = message.seq
         if self.ordered:
             self.position = position + 1
-        share = self.shares[position % self.count] if self.count else None
-        if share is not None and share.identity is not None:
+        share = self.shares[position % self.count]
+        if share.identity is not None:
             self._reply(share.identity, CREDIT, n=1)
         return message
 
@@ -250,8 +250,8 @@ class Collector:
                     except zmq.Again:
                         break
                     self._handle(frames)
-            else:
-                self._check_silence()
+            # also while other shares keep talking: the one awaited may be the silent one
+            self._check_silence()
 
     def __iter__(self) -> Iterator[list]:
         return (m.arrays for m in self.messages())
