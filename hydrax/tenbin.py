@@ -99,7 +99,7 @@ import numpy as np
 from .errors import TenbinError
 
 __all__ = [
-    "CODE_DTYPES", "DTYPE_CODES", "MAGIC", "MAX_NDIM", "TenbinError", "data_nbytes", "decode_buffer", "decode_list", "encode_buffer",
+    "CODE_DTYPES", "DTYPE_CODES", "MAGIC", "MAX_NDIM", "TenbinError", "aligned_empty", "data_nbytes", "decode_buffer", "decode_list", "encode_buffer",
     "encode_list",
     "load", "read", "save", "write",
 ]
@@ -604,8 +604,9 @@ def decode_buffer(buf, infos=False):
     return _decode_chunks(buf, infos)
 
 
-def _aligned(nbytes: int) -> np.ndarray:
-    """``nbytes`` of new, 64-byte aligned, writeable memory."""
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` of new, uninitialised, writeable memory starting on a 64-byte boundary (what
+    XLA:CPU uses in place)."""
     raw = np.empty(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip : skip + nbytes]
@@ -659,7 +660,7 @@ def _read_payload(stream, nbytes: int, url, at: int, what: str):
     if left is not None and left < nbytes:
         raise TenbinError(f"{what} chunk claims {nbytes} bytes of payload, {left} follow", url=url, offset=at)
     if nbytes <= _READ_STEP or left is not None:
-        out = _aligned(nbytes)
+        out = aligned_empty(nbytes)
         got = _fill(stream, memoryview(out))
     else:
         pieces = []
@@ -672,7 +673,7 @@ def _read_payload(stream, nbytes: int, url, at: int, what: str):
             if step < piece.size:
                 break
         if got == nbytes:
-            out = _aligned(nbytes)
+            out = aligned_empty(nbytes)
             np.concatenate(pieces, out=out)
     if got < nbytes:
         raise TenbinError(f"{what} chunk cut short: {got} of its {nbytes} payload bytes", url=url, offset=at)
@@ -760,7 +761,7 @@ def load(fname, infos=False, nocheck: bool = False, mmap: bool = False):
         elif mmap:
             buf = _mmap.mmap(stream.fileno(), 0, access=_mmap.ACCESS_READ)
         else:
-            buf = _aligned(size)
+            buf = aligned_empty(size)
             got = _fill(stream, memoryview(buf))
             if got < size:
                 raise TenbinError(f"the file shrank while it was read ({got} of {size} bytes)", url=fname, offset=got)

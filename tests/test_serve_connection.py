@@ -523,23 +523,29 @@ def test_a_producer_that_exits_right_after_sending_loses_nothing(ending):
 
 # -- 6. bounded memory, and a producer that times out ---------------------------------------------
 
-def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_out(peers):
-    port = free_port()
-    hwm, megabytes = 4, 10
-    (peer,) = peers(1)
-    with Connection(f"zpull://127.0.0.1:{port}", hwm=hwm, timeout=10) as consumer:
+def flood_a_stalled_consumer(peer, port: int, megabytes: int, consumer_hwm: int, options: dict):
+    """``peer`` floods ``port`` with fresh batches; this consumer takes one, then stops reading.
+    The batch taken, the producer's peak RSS growth (kB) until its send failed, and its result."""
+    with Connection(f"zpull://127.0.0.1:{port}", hwm=consumer_hwm, timeout=10) as consumer:
         baseline = rss_kb(peer.pid)
-        cid = peer.start("flood", f"zpush://127.0.0.1:{port}", megabytes, {"hwm": hwm, "timeout": 3})
+        cid = peer.start("flood", f"zpush://127.0.0.1:{port}", megabytes, options)
         first = consumer.recv()  # connected and flowing; now this consumer stops reading
-        assert first[0].nbytes == megabytes << 20
         peak = baseline
         while True:
             peak = max(peak, rss_kb(peer.pid))
             if peer.pipe.poll(0.05):
                 break
-        result = peer.result(cid)
+        return first, peak - baseline, peer.result(cid)
+
+
+def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_out(peers):
+    port = free_port()
+    hwm, megabytes = 4, 10
+    (peer,) = peers(1)
+    first, growth, result = flood_a_stalled_consumer(peer, port, megabytes, hwm, {"hwm": hwm, "timeout": 3})
+    assert first[0].nbytes == megabytes << 20
     limit = (2 * hwm + 4) * megabytes * 1024
-    assert peak - baseline < limit, f"the producer grew by {(peak - baseline) // 1024} MB"
+    assert growth < limit, f"the producer grew by {growth // 1024} MB"
     assert result["sent"] < 40
     assert 2.9 <= result["blocked"] < 5.0
     assert f"zpush://127.0.0.1:{port}" in result["error"]
@@ -551,18 +557,8 @@ def test_a_memory_budget_bounds_the_producer_whatever_the_hwm(peers):
     port = free_port()
     megabytes = 10
     (peer,) = peers(1)
-    with Connection(f"zpull://127.0.0.1:{port}", hwm=2, timeout=10) as consumer:
-        baseline = rss_kb(peer.pid)
-        cid = peer.start("flood", f"zpush://127.0.0.1:{port}", megabytes,
-                         {"hwm": 1000, "timeout": 3, "max_queued_bytes": 30 << 20})
-        consumer.recv()  # connected and flowing; now this consumer stops reading
-        peak = baseline
-        while True:
-            peak = max(peak, rss_kb(peer.pid))
-            if peer.pipe.poll(0.05):
-                break
-        result = peer.result(cid)
-    assert peak - baseline < 6 * megabytes * 1024, f"the producer grew by {(peak - baseline) // 1024} MB"
+    _, growth, result = flood_a_stalled_consumer(peer, port, megabytes, 2, {"hwm": 1000, "timeout": 3, "max_queued_bytes": 30 << 20})
+    assert growth < 6 * megabytes * 1024, f"the producer grew by {growth // 1024} MB"
     assert result["sent"] < 20
     assert "queued batches" in result["error"] and 2.9 <= result["blocked"] < 5.0
 

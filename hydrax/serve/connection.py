@@ -55,7 +55,6 @@ XPUB_RETRY_MS = 2
 HEARTBEAT_MS = 1000
 #: The longest heartbeat TTL libzmq takes, in ms.
 HEARTBEAT_MAX_MS = 6553599
-ALIGN = 64
 #: How long a producer that is failing waits to tell its consumers, and to deliver what is queued.
 FAILING_SECONDS = 2.0
 #: How often a PUSH fan-out offers another end marker while consumers remain.
@@ -103,13 +102,6 @@ class Message:
     def items(self) -> list[int] | None:
         """The item indices of the batch's rows, when the producer said."""
         return self.fields.get("items")
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """``nbytes`` uninitialised bytes starting on a 64-byte boundary (what XLA:CPU aliases)."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start:start + nbytes]
 
 
 def _frame_buffer(frame) -> memoryview:
@@ -652,7 +644,7 @@ class Connection:
             frame = socket.recv(copy=False)
             return frame, len(_frame_buffer(frame))
         try:
-            buffer = aligned_empty(expected)
+            buffer = tenbin.aligned_empty(expected)
         except MemoryError:  # a header that claims more than can be had (the frame itself may be small)
             frame = socket.recv(copy=False)
             return frame, len(_frame_buffer(frame))

@@ -9,6 +9,7 @@ validation batches go to their own topics, and each epoch and the stream end wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..batch import Batch
-from .connection import Connection
 from ..schedule import stream_positions
+from .connection import Connection
 from .envelope import EPOCH_END
 from .reliable import ShareSender
 from .security import Curve
@@ -111,7 +112,7 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
     hydrax = protocol == "hydrax"
     try:
         with connection:
-            context = dataloader if enter is not None else _NoContext(dataloader)
+            context = dataloader if enter is not None else contextlib.nullcontext(dataloader)
             with context as batches:
                 run = None
                 for batch in batches:
@@ -176,14 +177,3 @@ def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, in
 def _end_run(connection: Connection, run: tuple[bool, int], topic: str, validation_topic: str) -> None:
     training, number = run
     connection.mark(EPOCH_END, topic if training else validation_topic, epoch=number, validation=not training)
-
-
-class _NoContext:
-    def __init__(self, iterable) -> None:
-        self.iterable = iterable
-
-    def __enter__(self):
-        return self.iterable
-
-    def __exit__(self, *exc) -> None:
-        return None
