@@ -150,22 +150,27 @@ def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, in
     positions = stream_positions(index, count, first)
     result = ServeReport()
     start = time.monotonic()
+    interrupted = lambda: getattr(dataloader, "interrupted", False)  # a Ctrl+C
     try:
         with dataloader:
             for batch in dataloader:
                 views, names = batch_arrays(batch, arrays)
-                sender.put(next(positions), views, names, batch_fields(batch, items))
+                if not sender.put(next(positions), views, names, batch_fields(batch, items), cancelled=interrupted):
+                    break  # interrupted while waiting for credit
                 result.batches += 1
                 result.bytes += sum(v.nbytes for v in views)
                 del views, batch  # the sender thread holds the frames until ZeroMQ lets go
+    except KeyboardInterrupt:
+        sender.abandon()  # as a crash: a restart resumes the share
+        raise
     except BaseException as exc:
         try:
-            sender.end(next(positions), error=f"{type(exc).__name__}: {exc}")
+            sender.fail(next(positions), f"{type(exc).__name__}: {exc}")
         except Exception:  # noqa: BLE001 (the original error matters more)
             log.debug("could not send share %d's failure", index, exc_info=True)
         raise
     result.seconds = time.monotonic() - start
-    if getattr(dataloader, "interrupted", False):
+    if interrupted():
         # Stopped inside the share: leave it open, as a crash would, for a restart to resume.
         sender.abandon()
         result.complete = False

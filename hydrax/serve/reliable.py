@@ -33,7 +33,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import zmq
@@ -276,8 +276,8 @@ class ShareSender:
     """The producer's end: a thread that owns a DEALER socket, says hello, and sends within credit.
 
     :meth:`start` returns the first position the collector wants from this share; :meth:`put`
-    queues one batch (frames and fields); :meth:`end` sends the end marker and waits for it to go;
-    :meth:`abandon` stops without one.
+    queues one batch (frames and fields); :meth:`end` sends the end marker after them and waits for
+    it to go; :meth:`fail` sends a failure at once; :meth:`abandon` stops at once without a marker.
     """
 
     def __init__(self, url: str | Iterable[str], share: int, shares: int, fingerprint: str, *, timeout: float | None = 60.0,
@@ -291,6 +291,8 @@ class ShareSender:
         self._welcome = threading.Event()
         self._first: int | None = None
         self.error: BaseException | None = None
+        # set by fail() or abandon(): acted on before anything queued, which may wait for credit
+        self._abort: tuple | None = None
         self._thread = threading.Thread(target=self._run, name=f"hydrax-serve-share-{share}", daemon=True)
 
     def start(self) -> int:
@@ -308,32 +310,41 @@ class ShareSender:
         if self.error is not None:
             raise self.error
 
-    def put(self, position: int, arrays: list[np.ndarray], infos: list[str], fields: dict) -> None:
-        """Queue one batch (its arrays are sent without a copy and held until sent)."""
+    def put(self, position: int, arrays: list[np.ndarray], infos: list[str], fields: dict,
+            cancelled: Callable[[], bool] | None = None) -> bool:
+        """Queue one batch (its arrays are sent without a copy and held until sent); False, and
+        nothing queued, once ``cancelled()`` says so while it waits for room (a Ctrl+C)."""
         frames = tenbin.encode_list(arrays, infos)
-        self._put(("data", position, frames, fields))
+        return self._put(("data", position, frames, fields), cancelled)
 
-    def _put(self, item) -> None:
+    def _put(self, item, cancelled: Callable[[], bool] | None = None) -> bool:
         while True:
             self._raise_error()
             if not self._thread.is_alive():
                 raise ServeError(f"the sender for share {self.share} has stopped", url=self.endpoints[0].url)
             try:
                 self._queue.put(item, timeout=0.1)
-                return
+                return True
             except queue.Full:
-                continue
+                if cancelled is not None and cancelled():
+                    return False
 
-    def end(self, next_position: int, error: str | None = None) -> None:
-        """Send the end marker (``next_position``: the first position this share will not serve) and wait for it to leave."""
-        self._put(("end", next_position, error))
+    def end(self, next_position: int) -> None:
+        """Send the end marker after the queued batches (``next_position``: the first position this
+        share will not serve) and wait for it to leave."""
+        self._put(("end", next_position, None))
         self._thread.join(None if self.timeout is None else self.timeout + 15)
         self._raise_error()
 
+    def fail(self, next_position: int, error: str) -> None:
+        """Tell the collector at once, ahead of the queued batches, that this share failed and why."""
+        self._abort = ("end", next_position, error)
+        self._thread.join(10)
+
     def abandon(self) -> None:
-        """Stop without an end marker (as a crash would): the collector keeps the share open for a
-        restarted producer, which resumes at the first batch it lacks."""
-        self._put(("stop",))
+        """Stop at once without an end marker (as a crash would): the collector keeps the share
+        open for a restarted producer, which resumes at the first batch it lacks."""
+        self._abort = ("stop",)
         self._thread.join(10)
 
     def _run(self) -> None:
@@ -365,6 +376,10 @@ class ShareSender:
         heard = last_sent = time.monotonic()
         url = self.endpoints[0].url
         while True:
+            if self._abort is not None:
+                if self._abort[0] == "end":
+                    self._send(socket, envelope.END, next=self._abort[1], error=self._abort[2])
+                return
             if socket.poll(POLL_MS, zmq.POLLIN):
                 env = envelope.unpack(socket.recv_multipart()[0])
                 heard = time.monotonic()
@@ -389,13 +404,8 @@ class ShareSender:
                 if kind == "data" and credit == 0:
                     break
                 item = self._queue.get_nowait()
-                if kind == "stop":
-                    return  # abandoned: no end marker, so a restarted producer resumes the share
                 if kind == "end":
-                    fields = {"next": item[1]}
-                    if item[2]:
-                        fields["error"] = item[2]
-                    self._send(socket, envelope.END, **fields)
+                    self._send(socket, envelope.END, next=item[1])
                     return
                 _, position, frames, fields = item
                 self._send(socket, envelope.DATA, frames, pos=position, **fields)
