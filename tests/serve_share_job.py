@@ -41,5 +41,7 @@ if __name__ == "__main__":
     # HYDRAX_TEST_CURVE="public,secret,server_public": serve through CurveZMQ as that client
     keys = os.environ.get("HYDRAX_TEST_CURVE")
     curve = Curve(*keys.split(",")) if keys else None
-    report = serve(make_loader((epoch, batch)), url, share=(index, count), timeout=30, curve=curve)
+    loader = make_loader((epoch, batch))
+    print("ready", flush=True)  # imports done: tests with short collector timeouts wait for this line
+    report = serve(loader, url, share=(index, count), timeout=30, curve=curve)
     print(f"complete {report.complete} served {report.batches}", flush=True)

@@ -572,7 +572,7 @@ def test_a_consumer_with_no_producer_times_out_naming_the_url():
         with pytest.raises(PeerTimeoutError, match=re.escape(url)) as caught:
             consumer.recv()
         elapsed = time.monotonic() - start
-    assert 0.9 <= elapsed < 2.0
+    assert 0.9 <= elapsed < 3.0
     assert caught.value.url == url
     assert isinstance(caught.value, TimeoutError)
     Connection(url, timeout=7200).close()  # hours are a valid timeout (libzmq caps its heartbeat TTL)

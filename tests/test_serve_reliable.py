@@ -40,6 +40,13 @@ def producer(url: str, index: int, count: int, start=(0, 0), delay: float = 0.0,
                             env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def ready(process: subprocess.Popen) -> subprocess.Popen:
+    """Wait until a producer has started (importing JAX can take seconds on a busy machine)."""
+    line = process.stdout.readline()
+    assert line.strip() == "ready", process.communicate()[1][-2000:]
+    return process
+
+
 def local_run(start=(0, 0)) -> list[tuple]:
     rows = []
     with make_loader(start) as loader:
@@ -124,26 +131,30 @@ def test_sigkilled_producer_restarts_and_nothing_is_lost_or_repeated():
 
 def test_a_share_that_never_comes_is_an_error_not_a_hang():
     url = f"zpush://127.0.0.1:{free_port()}"
-    processes = [producer(url, 0, 2)]
-    started = time.monotonic()
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=3) as collector:
-        with pytest.raises(PeerTimeoutError, match="share 1 .never connected"):
-            for _ in collector.messages():
-                pass
-    assert time.monotonic() - started < 30
-    for p in processes:
-        p.kill()
-        p.communicate()
+    process = ready(producer(url, 0, 2))
+    try:
+        started = time.monotonic()
+        with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+            with pytest.raises(PeerTimeoutError, match="share 1 .never connected"):
+                for _ in collector.messages():
+                    pass
+        assert time.monotonic() - started < 30
+    finally:
+        process.kill()
+        process.communicate()
 
 
 def test_a_producer_for_another_split_is_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
-    wrong = producer(url, 0, 3)
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=3) as collector:
-        with pytest.raises(PeerTimeoutError):
-            for _ in collector.messages():
-                pass
-    _, err = wrong.communicate(timeout=60)
+    wrong = ready(producer(url, 0, 3))
+    try:
+        with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+            with pytest.raises(PeerTimeoutError):
+                for _ in collector.messages():
+                    pass
+        _, err = wrong.communicate(timeout=60)
+    finally:
+        wrong.kill()
     assert wrong.returncode != 0
     assert "refused share 0" in err and "takes 2 shares" in err
 
@@ -193,7 +204,7 @@ def test_an_interrupted_share_is_left_open_for_its_restart():
 
 def test_shares_of_different_runs_are_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
-    shares = [producer(url, 0, 2), producer(url, 1, 2, env={"HYDRAX_TEST_SEED": "6"})]  # another shuffle, same sizes
+    shares = [ready(producer(url, 0, 2)), ready(producer(url, 1, 2, env={"HYDRAX_TEST_SEED": "6"}))]  # another shuffle, same sizes
     with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
         with pytest.raises(PeerTimeoutError):  # the refused share never comes
             for _ in collector.messages():
