@@ -74,11 +74,12 @@ def check_epoch(batches):
     assert sorted(labels) == list(range(SAMPLES))
 
 
-def test_serve_sends_one_epoch_to_a_hydrax_connection(shards):
+@pytest.mark.parametrize("shared", [(), ("--shared-memory",)], ids=["socket", "shared-memory"])
+def test_serve_sends_one_epoch_to_a_hydrax_connection(shards, shared):
     port = free_port()
     with Connection(f"zpull://127.0.0.1:{port}", timeout=30) as connection:
         process = start("serve", shards, f"zpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
-                        "--epochs", "1", "--protocol", "hydrax", "--workers", "1")
+                        "--epochs", "1", "--protocol", "hydrax", "--workers", "1", *shared)
         messages = list(connection.messages())  # ends at the producer's end marker
     status, out, err = finish(process)
     assert status == 0, err
@@ -87,6 +88,8 @@ def test_serve_sends_one_epoch_to_a_hydrax_connection(shards):
     assert all(m.infos == ["image", "label"] and m.topic == "train" and m.epoch == 0 for m in data)
     assert sorted(i for m in data for i in m.items) == list(range(SAMPLES))
     check_epoch([m.arrays for m in data])
+    # through shared memory the arrays view the producer's ring: read-only, on 64-byte boundaries
+    assert all(not a.flags.writeable and a.ctypes.data % 64 == 0 for m in data for a in m.arrays) == bool(shared)
     assert f"serving 24 samples of 2 shards on zpush://127.0.0.1:{port} (hydrax protocol): 1 epoch of 3 batches" in out
     assert "served 3 batches" in out.splitlines()[-1]
 
@@ -388,6 +391,11 @@ def test_reliable_mode_refuses_what_does_not_apply(share_shards):
          f"--share serves a Collector: use a zpush://COLLECTOR:PORT or zrpush://0.0.0.0:PORT URL, not zpub://127.0.0.1:{port}"),
         (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--protocol", "hydrax", "--hwm", "2"), 2,
          "--protocol and --hwm do not apply with --share"),
+        (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--shared-memory", "10"), 2,
+         "--shared-memory does not apply with --share"),
+        (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--shared-memory"), 2,
+         f"--shared-memory needs --protocol hydrax and a zpush:// or zrpush:// URL (its consumers, on this host, read hydrax "
+         f"messages), not tensorcom on zpush://127.0.0.1:{port}"),
         (("monitor", f"zpull://127.0.0.1:{port}", "--unordered"), 2, "--unordered needs --shares N"),
         (("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--topic", "train"), 2, "--topic does not apply with --shares"),
         (("monitor", f"zsub://127.0.0.1:{port}", "--shares", "2"), 1, "use a zpull://0.0.0.0:PORT or zrpull://HOST:PORT URL, not zsub://"),

@@ -20,6 +20,10 @@ int32 (64,)]`` (9.6 MB) to one consumer process, PUSH to PULL, over TCP on 127.0
     the same, the consumer receiving data frames into 64-byte-aligned memory (one copy).
 ``hydrax protocol=hydrax``
     the same with hydrax envelopes (``protocol="hydrax"`` at both ends).
+``hydrax shared_memory``
+    the same, the producer made with ``shared_memory=True``: the data goes through a shared
+    memory ring (one copy, in the producer) and only envelope and headers through the socket; a
+    transport for producer and consumer on one host, which is what this benchmark runs.
 
 The producer makes the image once (seeded) and a fresh label array per batch holding the batch's
 number, so zero-copy senders never see their queued memory change. The consumer, identically for
@@ -94,9 +98,11 @@ CONTENDERS = {
     "hydrax": ("hydrax", "hydrax", {}),
     "hydrax-aligned": ("hydrax aligned=True", "hydrax", {"aligned": True}),
     "hydrax-protocol": ("hydrax protocol=hydrax", "hydrax", {"protocol": "hydrax"}),
+    "hydrax-shm": ("hydrax shared_memory", "hydrax", {"protocol": "hydrax", "shared_memory": True}),
 }
-# options that belong to the consumer only (the producer takes the rest)
+# options that belong to one end only (the other end does not get them)
 CONSUMER_ONLY = ("aligned",)
+PRODUCER_ONLY = ("shared_memory",)
 TARGETS = {"raw": 0.8, "tensorcom": 1.5, "cpu": 0.6}
 
 
@@ -165,7 +171,7 @@ def open_end(spec: dict, sending: bool):
         options = {k: v for k, v in options.items() if k not in CONSUMER_ONLY}
         connection = Connection(url, **options)
         return connection.send, connection.close
-    connection = Connection(url, **options)
+    connection = Connection(url, **{k: v for k, v in options.items() if k not in PRODUCER_ONLY})
     iterator = iter(connection)
     return (lambda: next(iterator)), connection.close
 

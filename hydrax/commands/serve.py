@@ -98,6 +98,10 @@ def register(commands) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="fail when no consumer takes a batch for this long (default 60; 0 waits forever)")
     parser.add_argument("--hwm", type=int, metavar="N", help="batches queued per consumer (default 4; not with --share)")
+    parser.add_argument("--shared-memory", type=float, nargs="?", const=0.0, metavar="MB",
+                        help="consumers on this host: batch data goes through a shared memory ring of MB megabytes "
+                             "(default: sized from the batch) instead of the socket; with --protocol hydrax and a "
+                             "zpush/zrpush URL (not with --share)")
     parser.add_argument("--report", type=float, default=10.0, metavar="SECONDS",
                         help="print the rate every SECONDS (default 10; 0: only the summary at the end)")
     add_s3_options(parser)
@@ -117,7 +121,7 @@ def share_arg(text: str) -> tuple[int, int]:
 
 
 #: The options of the plain (unreliable) mode, and their defaults: reliable mode refuses them.
-PLAIN_OPTIONS = {"protocol": "tensorcom", "topic": "train", "subscribers": 0, "hwm": 4}
+PLAIN_OPTIONS = {"protocol": "tensorcom", "topic": "train", "subscribers": 0, "hwm": 4, "shared_memory": False}
 
 
 def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
@@ -134,9 +138,16 @@ def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
             return "--subscribers cannot be negative", 2
         if args.hwm < 1:
             return f"--hwm must be at least 1, got {args.hwm}", 2
+        if args.shared_memory is not False:
+            if args.protocol != "hydrax" or endpoints[0].socket_type != zmq.PUSH:
+                return ("--shared-memory needs --protocol hydrax and a zpush:// or zrpush:// URL (its consumers, "
+                        f"on this host, read hydrax messages), not {args.protocol} on {endpoints[0].url}"), 2
+            if args.shared_memory < 0:
+                return f"--shared-memory must be a size in megabytes, got {args.shared_memory:g}", 2
+            args.shared_memory = int(args.shared_memory * 1e6) or True
         return None
     if given:
-        options = " and ".join(f"--{name}" for name in given)
+        options = " and ".join(f"--{name.replace('_', '-')}" for name in given)
         return (f"{options} do{'es' * (len(given) == 1)} not apply with --share: reliable mode has its own protocol "
                 "(read it with hydrax.serve.Collector or hydrax monitor --shares N)"), 2
     if endpoints[0].socket_type != zmq.PUSH:
@@ -335,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
     until = "" if args.epochs else " until Ctrl+C"
     if args.share is None:
         mode, options = f"{args.protocol} protocol", {"protocol": args.protocol, "topic": args.topic, "hwm": args.hwm,
-                                                     "subscribers": args.subscribers, "report": args.report}
+                                                     "subscribers": args.subscribers, "report": args.report,
+                                                     "shared_memory": args.shared_memory or None}
     else:
         index, count = args.share
         # what the schedule cannot see: which data, and how each sample becomes arrays

@@ -13,7 +13,9 @@ as tensorcom 0.1.0 did). What it fixes, keeping tensorcom's API:
 - ``total`` stops iteration; uint32, bool, bfloat16, 0-d, big-endian and strided arrays work.
 
 With ``protocol="hydrax"`` messages carry an envelope (:mod:`.envelope`) with topic, epoch and
-batch numbers, item indices and end markers; a hydrax consumer reads both kinds.
+batch numbers, item indices and end markers; a hydrax consumer reads both kinds. On one host a
+hydrax producer can pass batch data through shared memory instead of the socket
+(``shared_memory``, :mod:`.sharedmem`); its consumers need no option for it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from . import envelope, schema as schemas
 from .envelope import DATA, END, EPOCH_END, SCHEMA
 from .peers import PeerCount
 from .security import Curve
+from .sharedmem import Mappings, Ring, check_size, ring_bytes
 from .stats import Statistics
 from .urls import Endpoint, parse_urls
 
@@ -157,6 +160,12 @@ class Connection:
         dtype or dimension. A hydrax producer's announcement, or any batch, that differs raises
         :class:`~hydrax.errors.SchemaError` naming the difference. Producers announce their schema
         to hydrax consumers (:attr:`schemas`) before their first batch.
+    :param shared_memory: on a hydrax PUSH producer (``zpush``/``zrpush``) whose consumers run on
+        the same host: the size in bytes of a shared memory ring that batch data goes through
+        instead of the socket (True: room for ``2 * hwm + 3`` of the first batch, at least 64 MiB): one copy into the ring, none at the consumer, which
+        gets read-only arrays viewing it (see :mod:`hydrax.serve.sharedmem`). A batch that finds
+        the ring full (consumers still hold the batches in it) goes through the socket. Consumers
+        on another host cannot read such batches and raise :class:`~hydrax.errors.ServeError`.
     """
 
     def __init__(self, url: str | Iterable[str] | None = None, epoch: int = 100000, total: int = -1, multipart: bool = True,
@@ -166,7 +175,8 @@ class Connection:
                  timeout: float | None = 60.0, hwm: int = 4, linger: float | None = None, max_message_bytes: int = 1 << 34,
                  max_queued_bytes: int | None = None,
                  output: str = "numpy", aligned: bool | None = None, producers: int = 1, subscribers: int = 0,
-                 on_bad_message: str = "skip", curve: Curve | None = None, schema: Iterable[Any] | None = None) -> None:
+                 on_bad_message: str = "skip", curve: Curve | None = None, schema: Iterable[Any] | None = None,
+                 shared_memory: int | bool | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if output not in OUTPUTS:
@@ -177,6 +187,8 @@ class Connection:
             raise ValueError(f"timeout must be positive seconds or None, got {timeout!r}")
         if not (isinstance(hwm, int) and hwm >= 1):
             raise ValueError(f"hwm must be a positive number of messages, got {hwm!r}")
+        if shared_memory not in (None, False) and protocol != "hydrax":
+            raise ValueError("shared_memory needs protocol='hydrax' (tensorcom's consumers cannot read such batches)")
         if curve is not None and not isinstance(curve, Curve):
             raise TypeError(f"curve must be a hydrax.serve.Curve, got {type(curve).__name__}")
         self.epoch = epoch
@@ -211,6 +223,11 @@ class Connection:
         self.on_bad_message = on_bad_message
         self.curve = curve
         self.schema = schemas.parse_schema(schema)
+        self.shared_memory = None if shared_memory in (None, False) else check_size(shared_memory)
+        self._ring: Ring | None = None  # made at the first send
+        self._mappings = Mappings()  # producers' rings this consumer maps
+        #: batches this producer sent through shared memory (the others went through the socket)
+        self.shared_batches = 0
         #: what each hydrax producer announced it sends: producer id -> ``[[name, dtype, shape], ...]``
         self.schemas: dict[str, list] = {}
         self._announced: list | None = None  # the schema this producer last announced
@@ -264,6 +281,9 @@ class Connection:
         self.context = zmq.Context()
         if socket_type == zmq.PUB:
             socket_type = zmq.XPUB  # to see subscriptions arrive, and to block rather than drop
+        if self.shared_memory is not None and socket_type != zmq.PUSH:
+            # a published batch goes to every subscriber: one ring entry could not tell when all let go
+            raise ValueError("shared_memory is for PUSH producers (zpush, zrpush), not for this kind of socket")
         socket = self.context.socket(socket_type)
         linger = self.linger if self.linger is not None else (self.timeout or 60.0)
         if socket_type in (zmq.PULL, zmq.SUB):
@@ -401,19 +421,28 @@ class Connection:
                     raise TypeError(f"array {i} is {a.dtype.name}: send(..., allow64=True) sends 64-bit arrays "
                                     "(tensorcom refuses them by default; downcast to save bandwidth)")
         names = self.infos if infos is None else infos
-        if self.multipart:
+        if self.multipart or self.shared_memory is not None:
             frames = tenbin.encode_list(arrays, names)
         else:
             frames = [tenbin.encode_buffer(arrays, names)]
+        nbytes = sum(a.nbytes for a in arrays)
+        queued = nbytes
         if self.protocol == "hydrax":
             self._announce(arrays, names, topic)
+            if self.shared_memory is not None:
+                if self._ring is None:
+                    # both ends' queues, the batch the consumer holds, and room to spare
+                    self._ring = Ring(ring_bytes(self.shared_memory, nbytes + 64 * len(arrays), 2 * self.hwm + 3))
+                placed = self._ring.place(frames[1::2])
+                if placed is not None:  # only the headers travel
+                    frames, fields, queued = frames[0::2], dict(fields, m=placed), 0
+                    self.shared_batches += 1
             frames.insert(0, self._envelope(DATA, topic, fields))
-        nbytes = sum(a.nbytes for a in arrays)
         if self.max_queued_bytes is None:
             self._send_frames(frames, "send")
         else:
-            self._make_room(nbytes)
-            self._queued.append((self._send_frames(frames, "send", track=True), nbytes))
+            self._make_room(queued)
+            self._queued.append((self._send_frames(frames, "send", track=True), queued))
         self.stats.add(nbytes)
 
     write = send
@@ -559,7 +588,7 @@ class Connection:
         first = socket.recv(flags=zmq.NOBLOCK, copy=False)
         frames = [first]
         head = _frame_buffer(first)
-        env = None
+        env = shared = None
         if envelope.is_envelope(head):
             try:
                 env = envelope.unpack(head)
@@ -567,12 +596,13 @@ class Connection:
                 self._drain(socket)
                 raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
             frames = []
+            shared = env.fields.pop("m", None)  # the data is in the producer's ring: only headers follow
         size = len(head)
         more = first.more  # the frame knows: no getsockopt call per frame
         while more:
             header = None
             # by the message's own shape, not this Connection's sending mode: receiving takes both
-            if self.aligned and (len(frames) % 2) == 1:
+            if self.aligned and shared is None and (len(frames) % 2) == 1:
                 header = frames[-1]
             if header is not None:
                 frame, nbytes = self._recv_aligned(socket, header)
@@ -602,6 +632,8 @@ class Connection:
                 return None
             if env.kind != DATA:
                 return None  # a kind from a newer hydrax: not ours to act on
+        if shared is not None:
+            frames = self._shared_frames(shared, frames)
         try:
             if len(frames) == 1 and bytes(_frame_buffer(frames[0])[:8]) == b"~TenBin~":
                 arrays, infos = tenbin.decode_buffer(_frame_buffer(frames[0]), infos=True)
@@ -622,6 +654,18 @@ class Connection:
             message.topic, message.producer, message.seq, message.fields = env.topic, producer, seq, env.fields
         self.stats.add(sum(a.nbytes for a in arrays))
         return message
+
+    def _shared_frames(self, shared: Any, headers: list) -> list:
+        """``[header, data, ...]`` for a message whose data is in its producer's ring."""
+        try:
+            sizes = [tenbin.data_nbytes(_frame_buffer(h)) for h in headers]
+            buffers = self._mappings.buffers(shared, sizes, self._where())
+        except (TenbinError, ValueError) as exc:
+            raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
+        except ServeError as exc:
+            exc.url = self.endpoints[0].url
+            raise
+        return [frame for pair in zip(headers, buffers) for frame in pair]
 
     def _check_schema(self, described: Any, what: str) -> None:
         if self.schema is None:
@@ -726,7 +770,21 @@ class Connection:
         except (ServeError, zmq.ZMQError) as exc:
             log.warning("[hydrax] could not send the end marker on %s: %s", self._where(), exc)
         finally:
+            self._close_ring(linger)
             self._close_socket(linger)
+
+    def _close_ring(self, linger: float | None) -> None:
+        if self._ring is None:
+            return
+        # A consumer maps the ring when it reads a batch from it; a mapping outlives this process,
+        # but a batch still queued when the process is gone could not be mapped any more.
+        wait = linger if linger is not None else (self.linger if self.linger is not None else (self.timeout or 60.0))
+        left = self._ring.wait_received(wait, lambda: self.peers)
+        if left:
+            log.warning("[hydrax] %d batch(es) sent through shared memory on %s were not received before closing", left,
+                        self._where())
+        self._ring.close()
+        self._ring = None
 
     def _close_socket(self, linger: float | None) -> None:
         if self.socket is None:

@@ -71,7 +71,8 @@ def _run_key(batch: Batch) -> tuple[bool, int]:
 def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | None = None, protocol: str = "hydrax",
           topic: str = "train", validation_topic: str = "validation", items: bool = True, timeout: float | None = 60.0,
           hwm: int = 4, subscribers: int = 0, curve: Curve | None = None, report: float = 0.0, noexpand: bool = False,
-          share: tuple[int, int] | None = None, max_queued_bytes: int | None = None, fingerprint: str = "") -> ServeReport:
+          share: tuple[int, int] | None = None, max_queued_bytes: int | None = None, fingerprint: str = "",
+          shared_memory: int | bool | None = None) -> ServeReport:
     """Run ``dataloader`` and send every batch it delivers to ``url``; returns what was sent.
 
     :param dataloader: a :class:`hydrax.Dataloader` (not yet entered: ``serve`` enters and
@@ -88,6 +89,8 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
     :param max_queued_bytes: the producer's memory budget for batches ZeroMQ still holds (see
         :class:`Connection`).
     :param subscribers: on pub/sub, wait for this many subscribers before the first batch.
+    :param shared_memory: consumers on this host: batch data goes through a shared memory ring
+        instead of the socket (see :class:`Connection`; hydrax protocol, zpush/zrpush only).
     :param curve: CURVE encryption (:class:`~hydrax.serve.Curve`).
     :param report: log the rate every this many seconds (0: never).
     :param share: ``(index, count)``: reliable mode. This producer serves share ``index`` of
@@ -102,10 +105,12 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
         it resumes where it stopped (the report's ``complete`` is False).
     """
     if share is not None:
+        if shared_memory:
+            raise ValueError("shared_memory is not available in reliable mode (share=...): its shares send through the socket")
         return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve,
                             fingerprint=fingerprint)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
-                            curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes)
+                            curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes, shared_memory=shared_memory)
     enter = getattr(dataloader, "__enter__", None)
     result = ServeReport()
     start = last_report = time.monotonic()
