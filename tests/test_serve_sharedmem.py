@@ -128,6 +128,9 @@ def test_bad_fields_are_value_errors_and_a_ring_that_cannot_be_mapped_is_a_serve
             receive(mappings, dict(good, t="ab" * 16), [64])  # another ring's token: not this one
         with pytest.raises(ServeError, match="one host, in one PID namespace"):
             receive(Mappings(), dict(good, fd=9999), [64])
+        with open(__file__, "rb") as other:  # an open file that is not a ring is never opened again
+            with pytest.raises(ServeError, match=f"/proc/{os.getpid()}/fd/{other.fileno()} is not a hydrax shared memory ring"):
+                receive(Mappings(), dict(good, fd=other.fileno()), [64])
     finally:
         ring.close()
 

@@ -57,6 +57,8 @@ ENTRIES = 256
 ALIGN = 64
 #: The least ring size that ``shared_memory=True`` makes.
 MIN_DEFAULT_BYTES = 64 << 20
+#: The name of the ring's memfd (``/proc/<pid>/fd/<fd>`` links to ``/memfd:<name> (deleted)``).
+MEMFD_NAME = "hydrax-serve"
 #: How often :meth:`Ring.wait_received` looks again.
 POLL_SECONDS = 0.005
 
@@ -98,7 +100,7 @@ class Ring:
         self.size = nbytes
         self.entries = entries
         self.token = os.urandom(16)
-        self.fd = os.memfd_create("hydrax-serve", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         self.pid = os.getpid()
         try:
             os.ftruncate(self.fd, DATA_OFFSET + nbytes)
@@ -213,7 +215,10 @@ class _Held(np.ndarray):
 class _Mapping:
     def __init__(self, pid: int, fd: int, token: bytes) -> None:
         path = f"/proc/{pid}/fd/{fd}"
-        handle = os.open(path, os.O_RDWR)
+        # The message names the file: open nothing but a ring (a device or FIFO could act on open).
+        if not os.readlink(path).startswith(f"/memfd:{MEMFD_NAME} "):
+            raise ValueError(f"{path} is not a hydrax shared memory ring")
+        handle = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             size = os.fstat(handle).st_size
             if size < DATA_OFFSET:
