@@ -3,7 +3,8 @@
 
 Kept narrow on purpose: the Python layer decides, these functions compute.
 
-- :class:`ArenaMap` maps a shared-memory file descriptor (a memfd) and exports it as a buffer.
+- :class:`ArenaMap` maps a shared-memory file descriptor (a memfd), or read-only a batch file of
+  the on-disk cache, and exports it as a buffer.
 - :class:`SlotLease` exports one batch slot of an arena and counts the buffer exports that are
   alive, so the slot is recycled exactly when the last numpy view or ``jax.Array`` made from it
   is gone (the job hydrax 0.2.2's ``TrackedBuffer`` did in C).
@@ -38,7 +39,8 @@ cdef inline int64_t _now_ns() noexcept nogil:
 
 
 cdef class ArenaMap:
-    """A read-write ``MAP_SHARED`` mapping of ``size`` bytes of the file ``fd``.
+    """A ``MAP_SHARED`` mapping of ``size`` bytes of the file ``fd``: read-write, or with
+    ``writable=False`` read-only (``PROT_READ``; its buffer exports are read-only too).
 
     The mapping is page aligned and stays mapped for as long as this object or any buffer
     exported from it (numpy views, leases) is alive; ``munmap`` runs on deallocation only, so a
@@ -47,16 +49,19 @@ cdef class ArenaMap:
 
     cdef char* base
     cdef readonly Py_ssize_t size
+    cdef readonly bint writable
     cdef object before_unmap
 
-    def __cinit__(self, int fd, Py_ssize_t size):
+    def __cinit__(self, int fd, Py_ssize_t size, bint writable=True):
         if size <= 0:
             raise ValueError(f"arena size must be positive, got {size}")
-        cdef void* ptr = mmap(NULL, <size_t>size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        cdef int prot = PROT_READ | PROT_WRITE if writable else PROT_READ
+        cdef void* ptr = mmap(NULL, <size_t>size, prot, MAP_SHARED, fd, 0)
         if ptr == MAP_FAILED:
             raise OSError(errno, f"mmap of {size} bytes failed: {os.strerror(errno)}")
         self.base = <char*>ptr
         self.size = size
+        self.writable = writable
 
     def call_before_unmap(self, callback):
         """Call ``callback()`` just before the memory is unmapped, once nothing uses it any more.
@@ -83,13 +88,15 @@ cdef class ArenaMap:
         return <size_t>self.base
 
     def __getbuffer__(self, Py_buffer* view, int flags):
-        PyBuffer_FillInfo(view, self, self.base, self.size, 0, flags)
+        PyBuffer_FillInfo(view, self, self.base, self.size, not self.writable, flags)
 
     def __releasebuffer__(self, Py_buffer* view):
         pass
 
     def write_int64(self, Py_ssize_t offset, int64_t value):
         """Store one int64 at ``offset`` (8-byte aligned, inside the mapping)."""
+        if not self.writable:
+            raise BufferError("the mapping is read-only")
         if offset < 0 or offset + 8 > self.size or offset % 8:
             raise IndexError(f"int64 offset {offset} outside the arena of {self.size} bytes")
         (<int64_t*>(self.base + offset))[0] = value
@@ -132,7 +139,7 @@ cdef class SlotLease:
     def __getbuffer__(self, Py_buffer* view, int flags):
         if self.fired:
             raise BufferError("batch memory has been recycled")
-        PyBuffer_FillInfo(view, self, self.arena.base + self.offset, self.length, 0, flags)
+        PyBuffer_FillInfo(view, self, self.arena.base + self.offset, self.length, not self.arena.writable, flags)
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer* view):

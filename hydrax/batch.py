@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from .cache import CacheTarget, check_cache_arrays, check_cache_extras
+
 if TYPE_CHECKING:
     import jax
 
@@ -46,7 +48,8 @@ class _BatchData(Sequence):
 class Batch(ABC, Generic[D]):
     """A batch of loaded data. Do not derive from or instantiate this class."""
 
-    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "_layouts", "_item_errors", "__weakref__")
+    __slots__ = ("_group", "_group_index", "_indices", "_arrays", "_additional", "_layouts", "_item_errors", "_uncached",
+                 "_cache_target", "__weakref__")
 
     def __init__(
         self,
@@ -57,6 +60,9 @@ class Batch(ABC, Generic[D]):
         additional: dict[str, list[Any]],
         layouts: MappingProxyType[str, ArrayLayout],
         item_errors: dict[int, str] | None = None,
+        *,
+        uncached: bool = True,
+        cache_target: CacheTarget | None = None,
     ) -> None:
         self._group = group
         self._group_index = group_index
@@ -65,6 +71,8 @@ class Batch(ABC, Generic[D]):
         self._additional = MappingProxyType(additional)
         self._layouts = layouts
         self._item_errors = MappingProxyType(dict(sorted((item_errors or {}).items())))
+        self._uncached = uncached
+        self._cache_target = cache_target
 
     def __len__(self) -> int:
         # The group's batch size, or this process's share of it when several processes split batches.
@@ -115,8 +123,9 @@ class Batch(ABC, Generic[D]):
 
     @property
     def layouts(self) -> MappingProxyType[str, ArrayLayout]:
-        """The memory layouts of the arrays: the group's ``loader_layouts`` (for this process's
-        share of the batch when several processes split it, see ``Dataloader``)."""
+        """The memory layouts of the arrays: the group's ``loader_layouts`` if :attr:`uncached`,
+        else its ``cache_layouts`` (for this process's share of the batch when several processes
+        split it, see ``Dataloader``)."""
         return self._layouts
 
     @property
@@ -160,12 +169,42 @@ class Batch(ABC, Generic[D]):
 
     @property
     def uncached(self) -> bool:
-        """True: batches come from the loaders (this version has no batch cache)."""
-        return True
+        """True while the batch holds the loader arrays; False once it holds the cache arrays
+        (read from the cache, loaded in direct mode, or after :meth:`cache`)."""
+        return self._uncached
 
     def cache(self, arrays: dict[str, jax.Array], additional: dict[str, list[Any]] | None = None, *, persist: bool = True) -> None:
-        """Store transformed arrays in the on-disk batch cache (not available in this version)."""
-        raise RuntimeError("cache layouts undefined")
+        """Turn this uncached batch into its cached form, and store it in the on-disk cache.
+
+        :param arrays: ``name -> jax.Array`` for every one of the group's ``cache_layouts``, each
+            of exactly the layout's shape (with the batch dimension) and JAX dtype.
+        :param additional: replaces the batch's extras: ``key -> list`` of one picklable value
+            per item. None keeps the loader's.
+        :param persist: write the batch file (on a cache writer thread; see ``cacher_count``).
+            Nothing is written with False, for a read-only cache, or while the same file is
+            already being written.
+
+        The batch then reports ``uncached == False`` and the cache layouts, and later epochs and
+        runs read it from the cache instead of loading it. Raises ``RuntimeError("batch is
+        already cached")`` for a cached batch, ``RuntimeError("cache layouts undefined")`` for a
+        group without cache arrays, and ``TypeError``/``ValueError`` (naming the array) for
+        arrays that do not match the layouts.
+        """
+        if not self._uncached:
+            raise RuntimeError("batch is already cached")
+        target = self._cache_target
+        layouts = None if target is None else target.layouts
+        if layouts is None:
+            raise RuntimeError("cache layouts undefined")
+        check_cache_arrays(arrays, layouts)
+        if additional is not None:
+            check_cache_extras(additional, len(self))
+            self._additional = MappingProxyType(dict(additional))
+        self._arrays = MappingProxyType(dict(arrays))
+        self._layouts = layouts
+        self._uncached = False
+        if persist:
+            target.persist(self._arrays, self._additional)
 
 
 class TrainingBatch(Batch[D]):
@@ -173,8 +212,8 @@ class TrainingBatch(Batch[D]):
 
     __slots__ = ("_epoch", "_epoch_batch", "_batch_num", "_seeds")
 
-    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, epoch: int, epoch_batch: int, batch_num: int, seeds: Sequence[int]) -> None:
-        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, epoch: int, epoch_batch: int, batch_num: int, seeds: Sequence[int], **cache: Any) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors, **cache)
         self._epoch = epoch
         self._epoch_batch = epoch_batch
         self._batch_num = batch_num
@@ -219,8 +258,8 @@ class ValidationBatch(Batch[D]):
 
     __slots__ = ("_validation_epoch", "_validation_epoch_batch", "_validation_batch_num")
 
-    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int) -> None:
-        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors)
+    def __init__(self, group, group_index, indices, arrays, additional, layouts, item_errors=None, *, validation_epoch: int, validation_epoch_batch: int, validation_batch_num: int, **cache: Any) -> None:
+        super().__init__(group, group_index, indices, arrays, additional, layouts, item_errors, **cache)
         self._validation_epoch = validation_epoch
         self._validation_epoch_batch = validation_epoch_batch
         self._validation_batch_num = validation_batch_num

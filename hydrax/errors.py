@@ -175,6 +175,60 @@ class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, after the configured retries."""
 
 
+class CacheFileError(LocatedError, ValueError):
+    """A batch file of the on-disk cache (``e{epoch}-b{index}.dat``) that cannot be used: shorter
+    than the cache layouts need, or extras that are not what hydrax writes there.
+
+    ``url`` (also ``path``) names the file and ``offset`` the byte offset of what is wrong (the
+    end of the array bytes, for a short file or bad extras). The Dataloader does not raise it: it
+    logs it as a warning and loads that batch through the loaders instead, as hydrax 0.2.2 did.
+    """
+
+    @property
+    def path(self) -> str | None:
+        """The batch file (same as ``url``)."""
+        return self.url
+
+
+class CacheMismatchError(HydraxError, RuntimeError):
+    """A cache descriptor (``cache.json``) that does not describe this DataGroup's cache.
+
+    The message is hydrax 0.2.2's, ``cache descriptor "<path>" does not match configuration``;
+    ``path`` names the descriptor, ``expected`` holds the text this group would write and
+    ``found`` the text on disk. A ``RuntimeError``, as 0.2.2 raised.
+    """
+
+    def __init__(self, path: str, expected: str, found: str) -> None:
+        super().__init__(f'cache descriptor "{path}" does not match configuration')
+        self.path = path
+        self.expected = expected
+        self.found = found
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.expected, self.found))
+
+
+class CacheNotFoundError(HydraxError, FileNotFoundError):
+    """A read-only cache (``cache_readonly=True``, or a cache-only group) whose descriptor does
+    not exist: the location is wrong, or the cache was never written. A ``FileNotFoundError``, as
+    hydrax 0.2.2 raised; ``path`` names the missing descriptor."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.filename = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (_rebuild_cache_not_found, (str(self), self.path))
+
+
+def _rebuild_cache_not_found(message, path):
+    return CacheNotFoundError(message, path=path)
+
+
 class ConfigPicklingError(HydraxError, TypeError):
     """What a worker runs cannot be pickled for a worker started from the fork server.
 

@@ -7,6 +7,7 @@ handed to XLA without a copy.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from .cache import GroupCache, descriptor_text, prepare_location, share_directory
 from .schedule import GroupPlan
 from .workers import watch_jax_start
 
@@ -37,10 +39,12 @@ def align_up(n: int, alignment: int = ALIGNMENT) -> int:
     return -(-n // alignment) * alignment
 
 
-def compute_layouts(batch_size: int, specs: Mapping[str, ArraySpec]) -> tuple[dict[str, ArrayLayout], int]:
+def compute_layouts(batch_size: int, specs: Mapping[str, ArraySpec], natural: bool = False) -> tuple[dict[str, ArrayLayout], int]:
     """Layouts of ``specs`` for ``batch_size`` items, and the bytes one batch needs.
 
-    Arrays are placed in insertion order, each on a 64-byte boundary.
+    Arrays are placed in insertion order, each on a 64-byte boundary, or with ``natural`` on its
+    dtype's own alignment, as hydrax 0.2.2 laid out every batch (the on-disk cache keeps that
+    layout, so that its files are 0.2.2's).
     """
     import jax.numpy as jnp
 
@@ -67,7 +71,7 @@ def compute_layouts(batch_size: int, specs: Mapping[str, ArraySpec]) -> tuple[di
         if dtype.hasobject:
             raise TypeError(f"array '{name}' has dtype {dtype}, which cannot live in shared memory")
         jax_dtype = jnp.dtype(jax_dtype)
-        offset = align_up(end)
+        offset = align_up(end, dtype.alignment if natural else ALIGNMENT)
         layouts[name] = (full_shape, dtype, jax_dtype, offset, count)
         end = offset + count * dtype.itemsize
     return layouts, end
@@ -130,9 +134,18 @@ class DataGroup(Sequence[D], Generic[D]):
         ``loader_func`` in worker processes.
     :param loader_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays the loader
         fills for each item. Each array of a batch has shape ``(batch_size, *item_shape)``.
-    :param cache_arrays: arrays of the on-disk batch cache (not available yet).
-    :param cache_location: directory of the on-disk batch cache (not available yet).
-    :param cache_readonly: never write to the cache.
+    :param cache_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays of a
+        cached batch (see the "On-disk batch cache" guide). With ``loader_arrays`` too, batches
+        come from the loaders *uncached*, and the training loop stores its own arrays (the
+        outputs of a frozen encoder, say) with :meth:`Batch.cache`; later epochs and runs read
+        them from the cache. Omitted with a writable ``cache_location``: the loader arrays
+        themselves are cached ("direct" mode). Without ``loader_arrays``: the group is read from
+        the cache only, and batches missing from it are dropped.
+    :param cache_location: the cache directory (created unless read-only): a ``cache.json``
+        descriptor and one ``e{epoch}-b{index}.dat`` file per batch, in hydrax 0.2.2's format. A
+        descriptor that does not match this group raises ``RuntimeError`` (when the Dataloader
+        is created).
+    :param cache_readonly: read the cache, never write to it (it must exist).
     :param seed: the group's seed: permutations use ``seed + epoch`` and item seeds count up from it.
     :param shuffle_first: shuffle the items once, before the first epoch.
     :param shuffle_later: what changes on each later epoch: ``"repeat"`` (nothing), ``"reseed"``
@@ -197,15 +210,25 @@ class DataGroup(Sequence[D], Generic[D]):
         self._batch_count = len(self._data) // self._batch_size
         if loader_arrays is None and cache_arrays is None:
             raise ValueError("either loader_arrays or cache_arrays must be specified")
-        if cache_arrays is not None or cache_location is not None:
-            raise NotImplementedError(
-                "the on-disk batch cache (cache_arrays, cache_location) is not available in this version of hydrax; "
-                "remove these arguments and load every batch with loader_arrays"
-            )
-        self._cache_readonly = True
+        cache_readonly = bool(cache_readonly)
+        if loader_arrays is None:
+            if cache_location is None:
+                raise ValueError("cache_location is required if no loader_arrays are specified")
+            cache_readonly = True
+        self._cache_direct = False
+        if cache_location is None:
+            cache_readonly = True
+            default = "itemwise"
+        else:
+            if cache_arrays is None:
+                cache_arrays = loader_arrays
+                self._cache_direct = not cache_readonly
+            default = "batchwise"
+        self._cache_location = None if cache_location is None else os.fspath(cache_location)
+        self._cache_readonly = cache_readonly
         self._seed = int(seed)
         self._shuffle_first = bool(shuffle_first)
-        self._shuffle_later = "itemwise" if shuffle_later == "default" else shuffle_later
+        self._shuffle_later = default if shuffle_later == "default" else shuffle_later
         self._shard_sizes: tuple[int, ...] = ()
         self._shard_window = int(shard_window)
         if shuffle_later == "shardwise":
@@ -230,11 +253,19 @@ class DataGroup(Sequence[D], Generic[D]):
                     f"batch_size {self._batch_size}{clamped} is not a multiple of shard_partitions={self._shard_partitions}: "
                     "every batch takes batch_size // shard_partitions items from each partition"
                 )
-        layouts, size = compute_layouts(self._batch_size, loader_arrays)
+        self._loader_arrays = None if loader_arrays is None else dict(loader_arrays)
+        self._loader_layouts: MappingProxyType[str, ArrayLayout] | None = None
+        self._loader_size: int | None = None
+        if loader_arrays is not None:
+            layouts, size = compute_layouts(self._batch_size, loader_arrays)
+            self._loader_layouts, self._loader_size = MappingProxyType(layouts), size
+        self._cache_arrays = None if cache_arrays is None else dict(cache_arrays)
+        self._cache_layouts: MappingProxyType[str, ArrayLayout] | None = None
+        self._cache_size: int | None = None
+        if cache_arrays is not None:
+            layouts, size = compute_layouts(self._batch_size, cache_arrays, natural=True)
+            self._cache_layouts, self._cache_size = MappingProxyType(layouts), size
         watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
-        self._loader_arrays = dict(loader_arrays)
-        self._loader_layouts = MappingProxyType(layouts)
-        self._loader_size = size
 
     # Sequence protocol: the group is its data.
     def __len__(self) -> int:
@@ -270,13 +301,17 @@ class DataGroup(Sequence[D], Generic[D]):
 
     @property
     def cache_layouts(self) -> MappingProxyType[str, ArrayLayout] | None:
-        """Layouts of the cache arrays (None: this version has no batch cache)."""
-        return None
+        """Layouts of the arrays of a cached batch (None without ``cache_arrays`` or a cache).
+
+        Their offsets are those of the batch files, where each array is on its dtype's natural
+        alignment, as in hydrax 0.2.2 (not on 64 bytes, as in the loaders' memory).
+        """
+        return self._cache_layouts
 
     @property
     def cache_size(self) -> int | None:
-        """Bytes of one cached batch (None: this version has no batch cache)."""
-        return None
+        """Bytes of arrays in one cached batch (its file holds the extras after them), or None."""
+        return self._cache_size
 
     @property
     def seed(self) -> int:
@@ -300,11 +335,42 @@ class DataGroup(Sequence[D], Generic[D]):
 
     def _slot_layout(self, blocks: Sequence[int], starts: Mapping[str, Iterable[int]] | None = None) -> SlotLayout:
         """The slot layout of one process's share of a batch, in ``blocks`` of rows (see :func:`slot_layout`)."""
-        layout = slot_layout(blocks, self._loader_arrays, starts)
+        layout = slot_layout(blocks, self._loader_arrays or {}, starts)
         if layout.arrays == self._loader_layouts:
             # the same object, so that ``batch.layouts is group.loader_layouts`` as in 0.2.2
             layout = SlotLayout(self._loader_layouts, layout.blocks, layout.block_offsets, layout.size)
         return layout
+
+    def _descriptor(self, layouts: Mapping[str, ArrayLayout], extra: dict | None = None) -> str:
+        extra = dict(extra or {})
+        if self._shuffle_later == "shardwise":
+            # Not part of 0.2.2's descriptor, but they decide a shardwise batch's items.
+            extra.update(shard_window=self._shard_window, shard_partitions=self._shard_partitions)
+        return descriptor_text(
+            data_len=len(self._data), batch_size=self._batch_size, seed=self._seed, shuffle_first=self._shuffle_first,
+            shuffle_later=self._shuffle_later, layouts=[(lay[3], lay[1], lay[4]) for lay in layouts.values()], extra=extra,
+        )
+
+    def _open_cache(self, plan: GroupPlan, process_index: int = 0, process_count: int = 1) -> GroupCache | None:
+        """Check or create this group's cache for a run that loads ``plan``'s share of each batch.
+
+        Raises what :func:`hydrax.cache.prepare_location` raises. With several processes, each
+        keeps its share of every batch in a share directory of the cache (see
+        :func:`hydrax.cache.share_directory`), with its own descriptor.
+        """
+        if self._cache_location is None or self._cache_layouts is None:
+            return None
+        prepare_location(self._cache_location, self._descriptor(self._cache_layouts), self._cache_readonly)
+        location, layouts, size, rows = self._cache_location, self._cache_layouts, self._cache_size, self._batch_size
+        if process_count > 1:
+            rows = plan.local_batch_size
+            shared, size = compute_layouts(rows, self._cache_arrays, natural=True)
+            layouts = MappingProxyType(shared)
+            location = share_directory(self._cache_location, process_index, process_count)
+            share = {"process_count": process_count, "share": [list(r) for r in plan.share]}
+            prepare_location(location, self._descriptor(layouts, share), self._cache_readonly)
+        return GroupCache(location, layouts, int(size), rows, self._shuffle_later, self._cache_readonly,
+                          self._cache_direct, self._loader_layouts is None)
 
     def _plan(self) -> GroupPlan:
         return GroupPlan(

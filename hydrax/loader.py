@@ -22,6 +22,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from .arena import Arena
 from .batch import Batch
+from .cache import CacheWriter, GroupCache
 from .errors import BatchFailedError, BatchTimeoutError
 from .group import DataGroup
 from .hosts import HostAgreement, distributed_client
@@ -143,8 +144,10 @@ class Dataloader(Generic[D]):
     :param depth: batch slots in shared memory: batches loading, waiting, and (on the CPU backend)
         held by the training loop without a copy.
     :param loader_count: worker processes. The items of one batch are spread over all of them.
+        None are started when no group has ``loader_arrays`` (every batch comes from a cache).
     :param loader_nice: ``os.nice`` increment applied in each worker.
-    :param cacher_count: cache writer threads (the batch cache is not available in this version).
+    :param cacher_count: threads that write batch files of the groups' on-disk caches (at least 1
+        when a group's cache is writable; at most ``depth``). 0 when every cache is read-only.
     :param start_at: ``(epoch, batch)`` to start from; batches before it are skipped but numbered,
         shuffled and seeded exactly as in an uninterrupted run, so a resume is bit-exact.
     :param end_at: ``("epoch", n)`` or ``("batch", n)`` to stop before absolute epoch or batch
@@ -240,10 +243,14 @@ class Dataloader(Generic[D]):
             self._validation = _groups(validation_groups, "validation groups")
         self._depth = _int("depth", depth, 1)
         self._loader_count = _int("loader_count", loader_count)
-        if self._loader_count < 1:
+        groups = self._training + self._validation
+        if all(g.loader_layouts is None for g in groups):
+            log.warning("[hydrax] loading exclusively from cache")
+            self._loader_count = 0
+        elif self._loader_count < 1:
             raise ValueError("loaders are required, cannot provision none")
         self._loader_nice = _int("loader_nice", loader_nice)
-        _int("cacher_count", cacher_count)
+        self._cacher_count = _int("cacher_count", cacher_count)
         try:
             start_epoch, start_batch = start_at
             start_epoch, start_batch = _int("start_at epoch", start_epoch), _int("start_at batch", start_batch)
@@ -305,6 +312,21 @@ class Dataloader(Generic[D]):
             end=end,
             interleave=bool(interleave_groups) and len(plans) > 1,
         )
+        if sharding is not None and any(g._cache_location is not None for g in groups):
+            raise ValueError("a group with an on-disk cache (cache_location) cannot be placed with sharding; "
+                             "use process_index/process_count (each process caches its share) or placement_func")
+        # Checks or creates every cache's descriptor now, as hydrax 0.2.2 did (a mismatch raises here).
+        group_plans = self._plan.training + self._plan.validation
+        self._caches: list[GroupCache | None] = [g._open_cache(p, self._process_index, self._process_count) for g, p in zip(groups, group_plans)]
+        if any(c is not None and not c.readonly for c in self._caches):
+            if self._cacher_count < 1:
+                raise ValueError("cachers are required, cannot provision none")
+            if self._cacher_count > self._depth:
+                warnings.warn(f"ignoring cacher_count ({self._cacher_count}) in excess of depth ({self._depth})", ResourceWarning, stacklevel=2)
+                self._cacher_count = self._depth
+        else:
+            self._cacher_count = 0
+        self._writer: CacheWriter | None = None
         self._state = "new"  # new -> running -> done
         self._running = False
         self._interrupted = False
@@ -497,6 +519,8 @@ class Dataloader(Generic[D]):
 
         self._method = start_method()
         self._pool = WorkerPool(self._method)
+        if self._cacher_count:
+            self._writer = CacheWriter(self._cacher_count, self._depth)
         # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
         # and never more task records than the task pipe holds.
         chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
@@ -509,11 +533,13 @@ class Dataloader(Generic[D]):
             iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
             self._placement_func, self._deterministic, chunks, self._zero_copy,
             self._group_shardings, self._strict, agreement, self._process_index, self._on_item_error, self._max_failures,
+            self._caches, self._writer,
         )
         self._pipeline.prefill()  # the first workers start loading while the others are still starting
         # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
         # TypeError) here, naming the part and what to do.
-        self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
+        if self._loader_count:
+            self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
         self._arena.close_fd()
         self._pipeline.start()
         if agreement is not None:
@@ -545,6 +571,9 @@ class Dataloader(Generic[D]):
                 self._arena.stop_workers(len(self._pool.processes))  # queued tasks are skipped
             self._pool.close(grace=0.5)
             self._pool = None
+        if self._writer is not None:
+            self._writer.close()  # the queued batch files are finished, not lost
+            self._writer = None
         if self._arena is not None:
             self._arena.close()
             self._arena = None

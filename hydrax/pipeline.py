@@ -24,6 +24,7 @@ import numpy as np
 
 from .arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
+from .cache import CachedBatch, CacheTarget, CacheWriter, GroupCache
 from .errors import BatchFailedError, WorkerError
 from .group import SlotLayout
 from .hosts import HostAgreement
@@ -80,6 +81,15 @@ class _InFlight:
     error: str | None = None
     prefetch_key: int | None = None
     skipped: dict[int, str] = field(default_factory=dict)  # position -> why (on_item_error="skip_item")
+    path: str | None = None  # the batch's file in its group's cache
+    cached: CachedBatch | None = None  # read from that file
+    persist: bool = False  # direct mode: loaded for the cache; the path is claimed until written
+    missing: bool = False  # a group without loaders whose batch is not in the cache
+
+
+def lease_end(layouts) -> int:
+    """The end of the last array of ``layouts`` (bytes from the slot start)."""
+    return max((offset + count * dtype.itemsize for _shape, dtype, _jax, offset, count in layouts.values()), default=0)
 
 
 def step_words(step: Step) -> str:
@@ -123,6 +133,8 @@ class Pipeline:
         process_index: int = 0,
         on_item_error: str = "drop_batch",
         max_consecutive_failures: int | None = None,
+        caches: Sequence[GroupCache | None] = (),
+        cache_writer: CacheWriter | None = None,
     ) -> None:
         self.output: queue.SimpleQueue = queue.SimpleQueue()
         self.stats = TransferStats()
@@ -139,6 +151,11 @@ class Pipeline:
         self._item_ns: float | None = None  # a running mean of the time one item takes to load
         self._zero_copy = zero_copy
         self._shardings = list(shardings) or [None] * len(groups)
+        self._caches = list(caches) or [None] * len(groups)
+        self._writer = cache_writer
+        # What Batch.cache checks against: the cache's layouts of this process's rows, or the
+        # group's (a group with cache arrays but no location caches in memory only).
+        self._cache_layouts = [c.layouts if c is not None else g.cache_layouts for g, c in zip(groups, self._caches)]
         # A run that splits batches over processes, or builds global arrays, never drops a batch:
         # a failure ends it, at the same batch on every process.
         self._strict = strict
@@ -180,8 +197,13 @@ class Pipeline:
 
     # -- control -----------------------------------------------------------------------------
     def prefill(self) -> None:
-        """Queue the first batches' tasks, on the calling thread, before the workers exist."""
-        self._fill()
+        """Queue the first batches' tasks, on the calling thread, before the workers exist.
+
+        Not with a cache: a batch read from it would be placed at once, starting JAX in this
+        process before the workers are forked.
+        """
+        if not any(self._caches):
+            self._fill()
 
     def start(self) -> None:
         self.thread.start()
@@ -382,11 +404,37 @@ class Pipeline:
         bounds = chunk_bounds(size, self._chunk_count(size))
         record = _InFlight(seq, step, group, slot, local_items(plan, order, step.group_index), len(bounds),
                            prefetch_key=prefetch_key)
+        cache = self._caches[group]
+        if cache is not None and self._from_cache(record, cache, epoch):
+            self._release(prefetch_key)
+            self._finish(record)
+            return
         self._inflight[seq] = record
         for first, end in bounds:
             self._task_id += 1
             self._task_batch[self._task_id] = (seq, first, end)
             self._pool.submit(self._task_id, slot, group, epoch, step.group_index, first, end)
+
+    def _from_cache(self, record: _InFlight, cache: GroupCache, epoch: int) -> bool:
+        """Settle ``record`` from the cache if it can be (read, or dropped for want of loaders);
+        otherwise, in direct mode, claim its path so the loaded batch is written there."""
+        step = record.step
+        record.path = path = cache.path(epoch, step.group_index, isinstance(step, TrainingStep))
+        writer = self._writer
+        # A path in flight is being loaded or written right now: never read it (hydrax 0.2.2 did,
+        # and unpickled half a file); load the batch again instead.
+        if writer is None or not writer.in_flight(path):
+            record.cached = cache.open(path)
+            if record.cached is not None:
+                record.remaining = 0
+                return True
+        if cache.loaderless:
+            record.remaining = 0
+            record.missing = True
+            return True
+        if cache.direct and writer is not None and writer.claim(path):
+            record.persist = True
+        return False
 
     def _chunk_count(self, batch_size: int) -> int:
         """How many tasks to split a batch into.
@@ -441,7 +489,17 @@ class Pipeline:
 
     def _finish(self, record: _InFlight) -> None:
         batch: Batch | Ready | Failure | None = None
-        if record.error is not None:
+        if record.persist and (record.error is not None or record.skipped):
+            # Only whole, good batches go to the cache (a skipped item's zeros would stay there).
+            record.persist = False
+            self._writer.release(record.path)
+        if record.missing:
+            self._arena.free_now(record.slot)
+            log.warning("[hydrax] %s is not in the cache (%s), and its group has no loader_arrays: the batch is dropped",
+                        step_words(record.step), record.path)
+            if self._strict:
+                batch = Failure(self.failure(record, f"the batch is not in the cache ({record.path}), and its group has no loader_arrays"))
+        elif record.error is not None:
             self.dropped_batches += 1
             self._arena.free_now(record.slot)
             if self._strict or self._on_item_error == "raise":
@@ -505,12 +563,18 @@ class Pipeline:
         group = self._groups[record.group]
         plan = self._plans[record.group]
         layout = self._layouts[record.group]
+        cache = self._caches[record.group]
         layouts, size = layout.arrays, layout.size
         additional: dict[str, list[Any]] = {}
-        for position, extras in record.extras.items():
-            for key, value in extras.items():
+        for position in sorted(record.extras):  # item order, so that the extras pickle the same every time
+            for key, value in record.extras[position].items():
                 additional.setdefault(key, [None] * plan.local_batch_size)[position] = value
-        lease = self._arena.lease(record.slot)
+        if record.cached is not None:
+            layouts, size, additional = cache.layouts, cache.size, record.cached.additional
+            lease = record.cached.lease(record.slot, self._arena.free_now)
+            record.cached = None  # the lease holds the mapping now
+        else:
+            lease = self._arena.lease(record.slot)
         try:
             sharding = self._shardings[record.group]
             if sharding is not None:
@@ -536,24 +600,47 @@ class Pipeline:
                     del views
         except Exception:
             log.exception("[hydrax] exception while placing %s of group %d:", step_words(record.step), record.group)
+            if record.persist:
+                self._writer.release(record.path)
             lease.seal()
             raise
+        cached = cache is not None and (layouts is cache.layouts or cache.direct)
+        if record.persist:
+            self._persist(record, cache, lease, layouts, additional)
         lease.seal()
         if not lease.released:
             self._pinned.add(record.slot)
         self.stats.count(path, size)
         step = record.step
+        form: dict[str, Any] = {"uncached": True, "cache_target": None}
+        if cached:
+            form["uncached"] = False
+            layouts = cache.layouts
+        elif self._cache_layouts[record.group] is not None:
+            form["cache_target"] = CacheTarget(self._cache_layouts[record.group], cache, record.path, self._writer)
         if isinstance(step, TrainingStep):
             return TrainingBatch(
                 group, step.group_index, record.indices, arrays, additional, layouts, record.skipped,
                 epoch=step.epoch, epoch_batch=step.epoch_batch, batch_num=step.batch_num,
-                seeds=local_seeds(plan, step.epoch, step.group_index),
+                seeds=local_seeds(plan, step.epoch, step.group_index), **form,
             )
         return ValidationBatch(
             group, step.group_index, record.indices, arrays, additional, layouts, record.skipped,
             validation_epoch=step.validation_epoch, validation_epoch_batch=step.validation_epoch_batch,
-            validation_batch_num=step.validation_batch_num,
+            validation_batch_num=step.validation_batch_num, **form,
         )
+
+    def _persist(self, record: _InFlight, cache: GroupCache, lease, layouts, additional: dict[str, list[Any]]) -> None:
+        """Queue the write of a batch loaded in direct mode, from its slot: the writer's views keep
+        the slot from being recycled until the file is written."""
+        record.persist = False
+        path = record.path
+        slot = np.frombuffer(lease, dtype=np.uint8, count=max(lease_end(layouts), 1))
+        chunks = [(cache.layouts[name][3], slot[offset : offset + count * dtype.itemsize])
+                  for name, (_shape, dtype, _jax, offset, count) in layouts.items()]
+        del slot
+        extras = {key: list(values) for key, values in additional.items()}
+        self._writer.submit(path, lambda: cache.write(path, chunks, extras))
 
     # -- health ------------------------------------------------------------------------------
     def _frozen_worker(self) -> tuple[int, float] | None:

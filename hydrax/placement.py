@@ -103,8 +103,8 @@ def aligned_copy(view: np.ndarray, dtype: Any) -> np.ndarray:
 def default_placement(views: dict[str, np.ndarray], layouts, cpu: bool, may_alias: bool) -> tuple[dict[str, Any], bool]:
     """``jax.Array`` s for ``views`` on the default device, and whether any aliases the slot.
 
-    On the CPU backend, with ``may_alias`` and matching dtypes, the slot memory itself becomes the
-    array; otherwise the data is copied once (into aligned host memory that XLA then adopts, or
+    On the CPU backend, with ``may_alias``, matching dtypes and a 64-byte aligned view, the slot
+    memory itself becomes the array; otherwise the data is copied once (into aligned host memory that XLA then adopts, or
     straight to the device), and the slot is free once XLA no longer reads it.
     """
     import jax
@@ -113,7 +113,9 @@ def default_placement(views: dict[str, np.ndarray], layouts, cpu: bool, may_alia
     aliased = False
     for name, view in views.items():
         jax_dtype = layouts[name][2]
-        if view.dtype == jax_dtype and (may_alias or not cpu):
+        # XLA:CPU would copy an unaligned view itself (an array of a cache file at 0.2.2's
+        # natural offset, say); copying here keeps the count of aliased batches true.
+        if view.dtype == jax_dtype and (not cpu or (may_alias and view.ctypes.data % ALIGNMENT == 0)):
             out[name] = jax.device_put(view)
             aliased |= cpu
         elif cpu:

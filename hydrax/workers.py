@@ -737,3 +737,15 @@ class WorkerPool:
             p.close()
         self.processes = []
         self.connections = []
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts as alive): what decides if
+    a file named after the process that writes it is a dead process's leftover."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

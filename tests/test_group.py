@@ -52,7 +52,7 @@ def test_default_shuffle_resolves_to_itemwise_without_a_cache():
         ({"loader_arrays": {"x": ((0,), "f4", jnp.float32)}}, ValueError, r"invalid shape for array 'x': \(2, 0\)"),
         ({"loader_arrays": {"x": ((2,), "f4")}}, TypeError, "must be \\(item_shape, numpy_dtype, jax_dtype\\)"),
         ({"loader_arrays": {"x": ((2,), object, jnp.float32)}}, TypeError, "cannot live in shared memory"),
-        ({"cache_location": "/tmp/x"}, NotImplementedError, "batch cache"),
+        ({"loader_arrays": None, "cache_arrays": ARRAYS}, ValueError, "cache_location is required if no loader_arrays are specified"),
         ({"seed": -1}, ValueError, "seed must be a non-negative int"),
         ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
     ],

@@ -46,6 +46,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..workers import process_alive
+
 log = logging.getLogger(__name__)
 
 #: Target size of a streamed chunk file; chunks end on sample boundaries, so one sample larger
@@ -137,19 +139,9 @@ def private_root() -> str:
         entries = []
     for entry in entries:
         match = pattern.match(entry)
-        if match and not _alive(int(match.group(1))):
+        if match and not process_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=base)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_private_root(root: str, owner: int) -> None:
