@@ -10,7 +10,9 @@ Config keys: ``process_id``, ``process_count``, ``devices`` (per process), ``por
 ``replicated``, ``items``, ``process_local``: no sharding, a ``placement_func`` that builds global
 arrays from this process's rows), ``batch_size``, ``items``, ``start_at``, ``end_at``, ``validation``,
 ``fail_item`` and ``fail_process`` (the loader raises there), ``keep`` (hold every batch),
-``depth``, ``timeout``, ``die_process`` (that process exits hard after its first batch).
+``depth``, ``timeout``, ``die_process`` (that process exits hard after its first batch),
+``cache`` (the training group's ``cache_location``, direct mode) and ``refuse`` (the loader
+raises for every item: every batch must come from the cache).
 """
 
 import functools
@@ -25,6 +27,8 @@ config: dict = {}
 
 
 def load(fail_item, item, arrays, seed):
+    if config.get("refuse"):
+        raise AssertionError(f"item {item} went to the loader, not the cache")
     if item == fail_item:
         raise ValueError(f"item {item} is broken")
     arrays["x"][...] = item + np.arange(FEATURES, dtype=np.float32) / 10
@@ -73,7 +77,8 @@ def main():
 
     arrays = {"x": ((FEATURES,), np.float32, jnp.float32), "seed": ((), np.int32, jnp.int32)}
     bs = config["batch_size"]
-    train = DataGroup(bs, list(range(config["items"])), loader_arrays=arrays, seed=7)
+    cache = {"cache_location": config["cache"], "shuffle_later": "itemwise"} if config.get("cache") else {}
+    train = DataGroup(bs, list(range(config["items"])), loader_arrays=arrays, seed=7, **cache)
     kwargs = {}
     if config.get("validation"):
         mode, interval = config["validation"]

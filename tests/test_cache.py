@@ -482,6 +482,30 @@ def test_each_process_caches_its_share(tmp_path):
     assert first[0][0][4] == (2, 1)
 
 
+def test_processes_under_jax_distributed_cache_their_shares_of_global_batches(tmp_path):
+    from test_sharding import assemble, run_job
+
+    config = {"batch_size": 8, "items": 32, "end_at": ["epoch", 2], "cache": str(tmp_path)}
+    written = run_job(2, 2, "process_local", **config)  # 2 processes of 2 CPU devices each, one cache
+    assert all(r["error"] is None for r in written), [r["error"] for r in written]
+    assert sorted(os.listdir(tmp_path)) == ["cache.json", "share-0-of-2", "share-1-of-2"]
+    for i in range(2):
+        assert len(dat_files(tmp_path / f"share-{i}-of-2")) == 8  # 4 batches in each of 2 epochs
+    replayed = run_job(2, 2, "process_local", refuse=True, **config)  # a loader call would fail the run
+    assert all(r["error"] is None for r in replayed), [r["error"] for r in replayed]
+    first, second = assemble(written), assemble(replayed)
+    assert len(first) == 8
+    assert [b["indices"] for b in second] == [b["indices"] for b in first]
+    for a, b in zip(first, second):
+        for name in a["arrays"]:
+            for device, (index, values, _) in a["arrays"][name].items():
+                assert b["arrays"][name][device][0] == index
+                np.testing.assert_array_equal(b["arrays"][name][device][1], values)
+    # the rows are the items: every global batch holds 8 distinct items, every epoch all 32
+    for epoch in range(2):
+        assert sorted(i for b in first[4 * epoch : 4 * epoch + 4] for i in b["indices"]) == list(range(32))
+
+
 def load_sample(sample, arrays, seed):
     arrays["cls"][...] = int(bytes(sample["cls"]))
     return {"key": sample["__key__"]}
