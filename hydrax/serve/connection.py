@@ -162,10 +162,11 @@ class Connection:
         to hydrax consumers (:attr:`schemas`) before their first batch.
     :param shared_memory: on a hydrax PUSH producer (``zpush``/``zrpush``) whose consumers run on
         the same host: the size in bytes of a shared memory ring that batch data goes through
-        instead of the socket (True: room for ``2 * hwm + 3`` of the first batch, at least 64 MiB): one copy into the ring, none at the consumer, which
-        gets read-only arrays viewing it (see :mod:`hydrax.serve.sharedmem`). A batch that finds
-        the ring full (consumers still hold the batches in it) goes through the socket. Consumers
-        on another host cannot read such batches and raise :class:`~hydrax.errors.ServeError`.
+        instead of the socket (True: room for ``2 * hwm + 3`` of the first batch, at least
+        64 MiB). One copy into the ring, none at the consumer, which gets read-only arrays
+        viewing it (see :mod:`hydrax.serve.sharedmem`). A batch that finds the ring full
+        (consumers still hold the batches in it) goes through the socket. Consumers on another
+        host cannot read such batches and raise :class:`~hydrax.errors.ServeError`.
     """
 
     def __init__(self, url: str | Iterable[str] | None = None, epoch: int = 100000, total: int = -1, multipart: bool = True,
