@@ -121,7 +121,8 @@ def test_bad_fields_are_value_errors_and_a_ring_that_cannot_be_mapped_is_a_serve
     try:
         good = ring.place(payloads([64]))
         for bad in [None, [], dict(good, o=[4096]), dict(good, o=[1]), dict(good, o=[0, 64]), dict(good, e=10**6),
-                    dict(good, g=-1), dict(good, t="zz"), dict(good, pid="1")]:
+                    dict(good, g=-1), dict(good, g=1 << 64), dict(good, o=[-64]), dict(good, t="zz"), dict(good, t="zz" * 16),
+                    dict(good, pid="1")]:
             with pytest.raises(ValueError):
                 receive(mappings, bad, [64])
         with pytest.raises(ServeError, match="is not the producer.s shared memory ring"):
@@ -339,3 +340,27 @@ def test_two_consumers_share_the_batches_of_one_producer():
     assert sorted(got) == list(range(60))
     assert set(got.values()) == {"first", "second"}
     assert process.exitcode == 0 and shared_sent(shared) == 60
+
+
+def test_random_shared_memory_fields_only_ever_raise_value_or_serve_errors():
+    # what a hostile or broken producer could put in the envelope's "m" field
+    rng = np.random.default_rng(7)
+    ring = Ring(1 << 16, entries=8)
+    mappings = Mappings()
+    good = ring.place(payloads([64, 128]))
+    values = [None, True, -1, 0, 1, 63, 64, 1 << 16, 1 << 62, -(1 << 62), 1 << 70, 2.5, "x", "ab" * 16, "zz" * 16, "AB" * 16, [], [0], [0, 64], {}, os.getpid()]
+    try:
+        accepted = 0
+        for _ in range(400):
+            field = dict(good)
+            for key in rng.choice(["t", "pid", "fd", "e", "g", "o"], size=rng.integers(1, 4), replace=False):
+                field[str(key)] = values[rng.integers(len(values))]
+            try:
+                buffers = receive(mappings, field, [64, 128])
+            except (ValueError, ServeError):
+                continue
+            accepted += 1  # a field that still points inside the ring: its views stay inside it
+            assert [len(b) for b in buffers] == [64, 128]
+        assert accepted > 0
+    finally:
+        ring.close()

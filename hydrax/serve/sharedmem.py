@@ -238,6 +238,14 @@ class _Mapping:
         self.received, self.released = _control(control, entries)
 
 
+_HEX = set("0123456789abcdef")
+
+
+def _word(value: Any) -> bool:
+    """Whether a JSON value is an int that an int64 word of the ring holds, and not negative."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
+
+
 def _release(released: np.ndarray, index: int, generation: int) -> None:
     released[index] = generation
 
@@ -258,10 +266,8 @@ class Mappings:
         if not isinstance(field, dict):
             raise ValueError("its shared memory field is not an object")
         token, pid, fd, index, generation, offsets = (field.get(k) for k in ("t", "pid", "fd", "e", "g", "o"))
-        if not (isinstance(token, str) and len(token) == 32 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                                   for v in (pid, fd, index, generation))
-                and isinstance(offsets, list) and len(offsets) == len(sizes)
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        if not (isinstance(token, str) and len(token) == 32 and set(token) <= _HEX and isinstance(offsets, list) and len(offsets) == len(sizes)
+                and all(_word(v) for v in (pid, fd, index, generation, *offsets))):
             raise ValueError(f"its shared memory field is malformed: {field!r}")
         ring = self._rings.get(token)
         if ring is None:
