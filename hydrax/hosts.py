@@ -9,6 +9,11 @@ how many batches it has loaded (in schedule order) and any failure; before handi
 ``k`` a process checks that every other process has loaded it too. Progress is published and
 read by one background thread, so a run whose processes keep up never waits on a round trip.
 
+With each count goes which of the last batches came from an on-disk cache: a group with both
+loader and cache arrays hands out a batch either loaded (uncached, for the loop to transform and
+``cache``) or cached, and a step that is cached on one process but not on another would send the
+processes down different code paths, into different collectives. That is refused, like a failure.
+
 Without ``jax.distributed`` (process counts given by hand) there is nothing to agree through:
 each process still raises instead of dropping, and the others notice at their next collective.
 """
@@ -30,6 +35,9 @@ log = logging.getLogger("hydrax.hosts")
 _POLL_WAITING_S = 0.002
 _POLL_IDLE_S = 0.05
 _PREFIX = "hydrax/agreement"
+#: How many of its latest batches' forms (cached or loaded) a process publishes with its count:
+#: far more than any process can be ahead of another (its depth, plus one).
+FORM_WINDOW = 1024
 
 _runs = 0
 _runs_lock = threading.Lock()
@@ -72,8 +80,12 @@ class HostAgreement:
         self.process_count = process_count
         self.prefix = f"{_PREFIX}/{_next_run()}"
         self._loaded = 0  # batches this process has loaded, in order
+        # (start, forms): "1" (from the cache) or "0" for each batch from seq ``start`` on; one
+        # attribute, so that the publishing thread reads both at once
+        self._form_window: tuple[int, str] = (0, "")
         self._published = -1
         self._peers = {p: 0 for p in range(process_count) if p != process_index}
+        self._peer_forms: dict[int, tuple[int, str]] = {}
         self._failures: dict[int, dict] = {}
         self._waiting = threading.Event()
         self._wake = threading.Event()
@@ -97,8 +109,14 @@ class HostAgreement:
             log.debug("final progress not published: %r", exc)
 
     # -- this process ----------------------------------------------------------------------
-    def loaded(self, count: int) -> None:
-        """This process has loaded its share of the first ``count`` batches (any thread)."""
+    def loaded(self, count: int, cached: bool = False) -> None:
+        """This process has loaded its share of the first ``count`` batches, the last of them from
+        an on-disk cache if ``cached`` (called in order, from one thread)."""
+        start, forms = self._form_window
+        forms += "1" if cached else "0"
+        if len(forms) > FORM_WINDOW:
+            start, forms = start + len(forms) - FORM_WINDOW, forms[-FORM_WINDOW:]
+        self._form_window = (start, forms)
         self._loaded = count
         self._wake.set()  # another process may be waiting for exactly this batch
 
@@ -146,28 +164,51 @@ class HostAgreement:
                     "stops at this batch, so that no step pairs different batches",
                     batch=failure["batch"], process_index=process, reason=failure["reason"],
                 )
-        return all(n > seq for n in self._peers.values())
+        if not all(n > seq for n in self._peers.values()):
+            return False
+        mine = self._form(*self._form_window, seq)
+        for process, (start, forms) in sorted(self._peer_forms.items()):
+            theirs = self._form(start, forms, seq)
+            if mine is not None and theirs is not None and theirs != mine:
+                cached, loaded = (process, self.process_index) if theirs else (self.process_index, process)
+                reason = (f"process {cached} has it in its share of the on-disk cache and process {loaded} does not, so "
+                          "one would hand it out cached and the other uncached. Every process must hold the same "
+                          "batches in its share (share-<i>-of-<n>/): one stopped before writing them all, or files were "
+                          "removed; remove the shares (or the whole cache) to fill it afresh")
+                raise BatchFailedError(f"the processes disagree on batch {seq} of the run (counting validation batches): "
+                                       + reason, batch=f"batch {seq} of the run", process_index=loaded, reason=reason)
+        return True
+
+    @staticmethod
+    def _form(start: int, forms: str, seq: int) -> bool | None:
+        """Whether batch ``seq`` came from the cache, if ``forms`` (from ``start``) still says."""
+        return forms[seq - start] == "1" if start <= seq < start + len(forms) else None
 
     # -- the thread ------------------------------------------------------------------------
     def _publish(self) -> None:
         loaded = self._loaded
+        start, forms = self._form_window  # read after the count: it covers every batch counted
         if loaded != self._published:
-            self.client.key_value_set(f"{self.prefix}/loaded/{self.process_index}", str(loaded), allow_overwrite=True)
+            value = json.dumps({"n": loaded, "start": start, "forms": forms[: max(0, loaded - start)]})
+            self.client.key_value_set(f"{self.prefix}/loaded/{self.process_index}", value, allow_overwrite=True)
             self._published = loaded
 
     def _read(self) -> None:
-        peers, failures = dict(self._peers), dict(self._failures)
+        peers, failures, forms = dict(self._peers), dict(self._failures), dict(self._peer_forms)
         for key, value in self.client.key_value_dir_get(self.prefix + "/"):
             kind, _, process = key[len(self.prefix) + 1 :].partition("/")
             p = int(process)
             if p == self.process_index:
                 continue
             if kind == "loaded":
-                peers[p] = max(peers.get(p, 0), int(value))
+                progress = json.loads(value)
+                if progress["n"] >= peers.get(p, 0):
+                    peers[p] = progress["n"]
+                    forms[p] = (progress["start"], progress["forms"])
             elif kind == "failed":
                 failures[p] = json.loads(value)
         with self._changed:
-            self._peers, self._failures = peers, failures
+            self._peers, self._failures, self._peer_forms = peers, failures, forms
             self._changed.notify_all()
 
     def _run(self) -> None:

@@ -83,6 +83,7 @@ class _InFlight:
     skipped: dict[int, str] = field(default_factory=dict)  # position -> why (on_item_error="skip_item")
     path: str | None = None  # the batch's file in its group's cache
     cached: CachedBatch | None = None  # read from that file
+    from_cache: bool = False  # ``cached`` was read (it is handed to the batch's lease later)
     persist: bool = False  # direct mode: loaded for the cache; the path is claimed until written
     missing: bool = False  # a group without loaders whose batch is not in the cache
 
@@ -426,6 +427,7 @@ class Pipeline:
         if writer is None or not writer.in_flight(path):
             record.cached = cache.open(path)
             if record.cached is not None:
+                record.from_cache = True
                 record.remaining = 0
                 return True
         if cache.loaderless:
@@ -520,7 +522,9 @@ class Pipeline:
             self._deliver_seq += 1
             self._deliver(done, ready)
             if self.agreement is not None and not isinstance(ready, Failure):
-                self.agreement.loaded(self._deliver_seq)
+                cache = self._caches[done.group]
+                # the form the batch is handed out in (direct mode: always cached, read or loaded)
+                self.agreement.loaded(self._deliver_seq, cache is not None and (done.from_cache or cache.direct))
 
     def _deliver(self, record: _InFlight, batch: Batch | Ready | Failure | None) -> None:
         """Queue ``record``'s outcome (None: dropped), counting failed batches in delivery order:

@@ -11,8 +11,9 @@ Config keys: ``process_id``, ``process_count``, ``devices`` (per process), ``por
 arrays from this process's rows), ``batch_size``, ``items``, ``start_at``, ``end_at``, ``validation``,
 ``fail_item`` and ``fail_process`` (the loader raises there), ``keep`` (hold every batch),
 ``depth``, ``timeout``, ``die_process`` (that process exits hard after its first batch),
-``cache`` (the training group's ``cache_location``, direct mode) and ``refuse`` (the loader
-raises for every item: every batch must come from the cache).
+``cache`` (the training group's ``cache_location``, direct mode), ``explicit`` (with ``cache``:
+explicit mode, the loop caching ``2 * x`` as ``y`` for each uncached batch) and ``refuse`` (the
+loader raises for every item: every batch must come from the cache).
 """
 
 import functools
@@ -78,6 +79,8 @@ def main():
     arrays = {"x": ((FEATURES,), np.float32, jnp.float32), "seed": ((), np.int32, jnp.int32)}
     bs = config["batch_size"]
     cache = {"cache_location": config["cache"], "shuffle_later": "itemwise"} if config.get("cache") else {}
+    if config.get("explicit"):
+        cache["cache_arrays"] = {"y": ((FEATURES,), np.float32, jnp.float32)}
     train = DataGroup(bs, list(range(config["items"])), loader_arrays=arrays, seed=7, **cache)
     kwargs = {}
     if config.get("validation"):
@@ -101,6 +104,10 @@ def main():
         ) as loader:
             for batch in loader:
                 record = {"kind": "T" if batch.is_training else "V", "indices": list(batch.indices), "arrays": {}}
+                if config.get("explicit"):
+                    record["uncached"] = batch.uncached
+                    if batch.uncached:
+                        batch.cache({"y": batch.arrays["x"] * 2})
                 if batch.is_training:
                     record.update(num=batch.batch_num, epoch=batch.epoch, seeds=list(batch.seeds))
                 else:

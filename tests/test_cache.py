@@ -506,6 +506,28 @@ def test_processes_under_jax_distributed_cache_their_shares_of_global_batches(tm
         assert sorted(i for b in first[4 * epoch : 4 * epoch + 4] for i in b["indices"]) == list(range(32))
 
 
+def test_processes_that_disagree_on_a_cached_batch_stop_there_instead_of_diverging(tmp_path):
+    # Explicit mode: a step that one process hands out cached and another uncached would send
+    # their training loops down different paths (one calls its encoder and Batch.cache, the other
+    # not), into different collectives: every process must stop at that batch instead.
+    from test_sharding import run_job
+
+    config = {"batch_size": 8, "items": 32, "end_at": ["epoch", 1], "cache": str(tmp_path), "explicit": True}
+    filled = run_job(2, 1, "none", **config)
+    assert all(r["error"] is None for r in filled), [r["error"] for r in filled]
+    assert [[b["uncached"] for b in r["batches"]] for r in filled] == [[True] * 4] * 2
+    replayed = run_job(2, 1, "none", refuse=True, **config)
+    assert all(r["error"] is None for r in replayed), [r["error"] for r in replayed]
+    assert [[b["uncached"] for b in r["batches"]] for r in replayed] == [[False] * 4] * 2
+    os.unlink(tmp_path / "share-1-of-2" / "e0-b2.dat")  # process 1 lost one batch of its share
+    broken = run_job(2, 1, "none", **config)
+    for report in broken:
+        assert report["error"] is not None and report["error"]["type"] == "BatchFailedError", report["error"]
+        assert "the processes disagree on batch 2 of the run" in report["error"]["message"]
+        assert "process 0 has it in its share of the on-disk cache and process 1 does not" in report["error"]["message"]
+        assert [b["uncached"] for b in report["batches"]] == [False, False]  # batches 0 and 1, then the stop
+
+
 def load_sample(sample, arrays, seed):
     arrays["cls"][...] = int(bytes(sample["cls"]))
     return {"key": sample["__key__"]}
