@@ -9,10 +9,11 @@ how many batches it has loaded (in schedule order) and any failure; before handi
 ``k`` a process checks that every other process has loaded it too. Progress is published and
 read by one background thread, so a run whose processes keep up never waits on a round trip.
 
-With each count goes which of the last batches came from an on-disk cache: a group with both
-loader and cache arrays hands out a batch either loaded (uncached, for the loop to transform and
-``cache``) or cached, and a step that is cached on one process but not on another would send the
-processes down different code paths, into different collectives. That is refused, like a failure.
+In a run with an explicit-mode cache, each count carries which of the last batches were handed
+out cached: a group with both loader and cache arrays hands out a batch either loaded (uncached,
+for the loop to transform and ``cache``) or cached, and a step that is cached on one process but
+not on another would send the processes down different code paths, into different collectives.
+That is refused, like a failure.
 
 Without ``jax.distributed`` (process counts given by hand) there is nothing to agree through:
 each process still raises instead of dropping, and the others notice at their next collective.
@@ -72,9 +73,11 @@ class HostAgreement:
     which is the same on every process.
 
     :param client: the ``jax.distributed`` client (see :func:`distributed_client`).
+    :param compare_forms: also check that every process hands each batch out in the same form
+        (cached or not): for runs with an explicit-mode cache.
     """
 
-    def __init__(self, client: Any, process_index: int, process_count: int) -> None:
+    def __init__(self, client: Any, process_index: int, process_count: int, compare_forms: bool = False) -> None:
         self.client = client
         self.process_index = process_index
         self.process_count = process_count
@@ -83,6 +86,7 @@ class HostAgreement:
         # (start, forms): "1" (from the cache) or "0" for each batch from seq ``start`` on; one
         # attribute, so that the publishing thread reads both at once
         self._form_window: tuple[int, str] = (0, "")
+        self._compare_forms = compare_forms
         self._published = -1
         self._peers = {p: 0 for p in range(process_count) if p != process_index}
         self._peer_forms: dict[int, tuple[int, str]] = {}
@@ -112,11 +116,12 @@ class HostAgreement:
     def loaded(self, count: int, cached: bool = False) -> None:
         """This process has loaded its share of the first ``count`` batches, the last of them from
         an on-disk cache if ``cached`` (called in order, from one thread)."""
-        start, forms = self._form_window
-        forms += "1" if cached else "0"
-        if len(forms) > FORM_WINDOW:
-            start, forms = start + len(forms) - FORM_WINDOW, forms[-FORM_WINDOW:]
-        self._form_window = (start, forms)
+        if self._compare_forms:
+            start, forms = self._form_window
+            forms += "1" if cached else "0"
+            if len(forms) > FORM_WINDOW:
+                start, forms = start + len(forms) - FORM_WINDOW, forms[-FORM_WINDOW:]
+            self._form_window = (start, forms)
         self._loaded = count
         self._wake.set()  # another process may be waiting for exactly this batch
 
@@ -189,7 +194,10 @@ class HostAgreement:
         loaded = self._loaded
         start, forms = self._form_window  # read after the count: it covers every batch counted
         if loaded != self._published:
-            value = json.dumps({"n": loaded, "start": start, "forms": forms[: max(0, loaded - start)]})
+            progress = {"n": loaded}
+            if self._compare_forms:
+                progress.update(start=start, forms=forms[: max(0, loaded - start)])
+            value = json.dumps(progress)
             self.client.key_value_set(f"{self.prefix}/loaded/{self.process_index}", value, allow_overwrite=True)
             self._published = loaded
 
@@ -204,7 +212,8 @@ class HostAgreement:
                 progress = json.loads(value)
                 if progress["n"] >= peers.get(p, 0):
                     peers[p] = progress["n"]
-                    forms[p] = (progress["start"], progress["forms"])
+                    if "forms" in progress:
+                        forms[p] = (progress["start"], progress["forms"])
             elif kind == "failed":
                 failures[p] = json.loads(value)
         with self._changed:

@@ -528,7 +528,9 @@ class Dataloader(Generic[D]):
         if self._process_count > 1:
             client = distributed_client()
             if client is not None:
-                agreement = HostAgreement(client, self._process_index, self._process_count)
+                # only a group with loader and cache arrays hands a batch out either uncached or cached
+                explicit = any(c is not None and not c.direct and not c.loaderless for c in self._caches)
+                agreement = HostAgreement(client, self._process_index, self._process_count, compare_forms=explicit)
         self._pipeline = Pipeline(
             iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
             self._placement_func, self._deterministic, chunks, self._zero_copy,

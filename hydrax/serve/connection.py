@@ -286,7 +286,7 @@ class Connection:
             # a published batch goes to every subscriber: one ring entry could not tell when all let go
             raise ValueError("shared_memory is for PUSH producers (zpush, zrpush), not for this kind of socket")
         socket = self.context.socket(socket_type)
-        linger = self.linger if self.linger is not None else (self.timeout or 60.0)
+        linger = self._default_linger()
         if socket_type in (zmq.PULL, zmq.SUB):
             # A receiver has nothing of value to deliver at close, only a SUB's queued
             # subscription, which with no publisher up would hold close() for the whole linger.
@@ -310,6 +310,10 @@ class Connection:
         self._peer_count = PeerCount(socket)
         self.socket = socket
         _live.add(self)
+
+    def _default_linger(self) -> float:
+        """Seconds closing waits for what is queued: ``linger``, else ``timeout``, else 60."""
+        return self.linger if self.linger is not None else (self.timeout or 60.0)
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
@@ -779,8 +783,7 @@ class Connection:
             return
         # A consumer maps the ring when it reads a batch from it; a mapping outlives this process,
         # but a batch still queued when the process is gone could not be mapped any more.
-        wait = linger if linger is not None else (self.linger if self.linger is not None else (self.timeout or 60.0))
-        left = self._ring.wait_received(wait, lambda: self.peers)
+        left = self._ring.wait_received(self._default_linger() if linger is None else linger, lambda: self.peers)
         if left:
             log.warning("[hydrax] %d batch(es) sent through shared memory on %s were not received before closing", left,
                         self._where())

@@ -111,8 +111,9 @@ class Ring:
         _HEADER.pack_into(self._map, 0, MAGIC, self.token, nbytes, entries)
         self._received, self._released = _control(self._map, entries)
         self._data = np.frombuffer(self._map, np.uint8, nbytes, DATA_OFFSET)
-        self._in_flight: collections.deque[_Entry] = collections.deque()  # oldest first
-        self._busy: set[int] = set()
+        # Oldest first. Entries are released in the order they were taken, so those in flight have
+        # consecutive generations, and ``generation % entries`` gives each its own index.
+        self._in_flight: collections.deque[_Entry] = collections.deque()
         self._generation = 0
         self._head = 0  # where the next batch goes
         self._warned = False
@@ -120,17 +121,11 @@ class Ring:
     def _reclaim(self) -> None:
         # Entries are reused in the order they were taken; one held longer holds those after it.
         while self._in_flight and self._released[self._in_flight[0].index] == self._in_flight[0].generation:
-            self._busy.discard(self._in_flight.popleft().index)
+            self._in_flight.popleft()
         if not self._in_flight:
             self._head = 0
 
     def _allocate(self, nbytes: int) -> int | None:
-        if nbytes > self.size:
-            if not self._warned:
-                self._warned = True
-                log.warning("[hydrax] a %d-byte batch does not fit the %d-byte shared memory ring: such batches go "
-                            "through the socket (raise shared_memory)", nbytes, self.size)
-            return None
         if not self._in_flight:
             return 0
         oldest = self._in_flight[0].start
@@ -149,21 +144,26 @@ class Ring:
         for n in sizes:
             offsets.append(total)
             total += -(-n // ALIGN) * ALIGN
-        if len(self._busy) >= self.entries and total <= self.size:
+        total = max(total, ALIGN)
+        if total > self.size:
+            if not self._warned:
+                self._warned = True
+                log.warning("[hydrax] a %d-byte batch does not fit the %d-byte shared memory ring: such batches go "
+                            "through the socket (raise shared_memory)", total, self.size)
             return None
-        start = self._allocate(max(total, ALIGN))
+        if len(self._in_flight) >= self.entries:
+            return None
+        start = self._allocate(total)
         if start is None:
             return None
-        index = next(i for i in range(self.entries) if i not in self._busy)
         self._generation += 1
-        entry = _Entry(index, self._generation, start, start + max(total, ALIGN))
+        entry = _Entry(self._generation % self.entries, self._generation, start, start + total)
         for payload, offset, n in zip(payloads, offsets, sizes):
             if n:
                 self._data[start + offset : start + offset + n] = np.frombuffer(payload, np.uint8, n)
-        self._busy.add(index)
         self._in_flight.append(entry)
         self._head = entry.end
-        return {"t": self.token.hex(), "pid": self.pid, "fd": self.fd, "e": index, "g": entry.generation,
+        return {"t": self.token.hex(), "pid": self.pid, "fd": self.fd, "e": entry.index, "g": entry.generation,
                 "o": [start + o for o in offsets]}
 
     @property
