@@ -8,7 +8,8 @@ from .batch import Batch, TrainingBatch, ValidationBatch
 from .debug import debug_batch_references
 from .errors import BatchFailedError, BatchTimeoutError, WorkerError
 from .group import ArrayLayout, ArraySpec, DataGroup
-from .loader import Dataloader, is_worker
+from .loader import Dataloader
+from .processes import is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc
 
 __version__ = "0.3.0.dev0"
@@ -18,6 +19,6 @@ __all__ = [
     "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
 ]
 
-from .workers import watch_jax_start as _watch_jax_start
+from .processes import watch_jax_start as _watch_jax_start
 
 _watch_jax_start()

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from . import _core
 from .errors import CacheFileError, CacheMismatchError, CacheNotFoundError
-from .workers import process_alive
+from .processes import process_alive
 
 log = logging.getLogger(__name__)
 

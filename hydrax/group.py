@@ -19,7 +19,7 @@ import numpy as np
 
 from .cache import GroupCache, descriptor_text, prepare_location, share_directory
 from .schedule import GroupPlan
-from .workers import watch_jax_start
+from .processes import watch_jax_start
 
 D = TypeVar("D")
 

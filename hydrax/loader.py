@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -30,7 +29,9 @@ from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
 from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start, plan_fingerprint, share_ranges
 from .sharding import GroupSharding, as_shardings, plan_group
-from .workers import TASK, GroupSpec, WorkerConfig, WorkerPool, jax_backend_live, start_method, warm_forkserver
+from .messages import TASK_BYTES
+from .processes import is_worker, jax_backend_live, start_method, warm_forkserver
+from .workers import GroupSpec, WorkerConfig, WorkerPool
 
 D = TypeVar("D")
 log = logging.getLogger(__name__)
@@ -59,11 +60,6 @@ def _flush_logs() -> None:
             stream.flush()
         except Exception:
             pass
-
-
-def is_worker() -> bool:
-    """True inside any child process (in particular inside hydrax's loader processes)."""
-    return mp.parent_process() is not None
 
 
 def _groups(value: Any, what: str) -> list[DataGroup]:
@@ -523,7 +519,7 @@ class Dataloader(Generic[D]):
             self._writer = CacheWriter(self._cacher_count, self._depth)
         # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
         # and never more task records than the task pipe holds.
-        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK.size * self._depth)))
+        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK_BYTES * self._depth)))
         agreement = None
         if self._process_count > 1:
             client = distributed_client()

@@ -32,7 +32,9 @@ from .placement import TransferStats, collect_released_buffers, custom_placement
 from .schedule import (GroupPlan, Step, TrainingStep, item_order, local_items, local_seeds, read_order,
                        validation_item_order)
 from .sharding import GroupSharding
-from .workers import PIPELINE_THREAD, STARTUP_FAILED, WorkerPool
+from .messages import StartupReport, Task
+from .processes import PIPELINE_THREAD
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +416,7 @@ class Pipeline:
         for first, end in bounds:
             self._task_id += 1
             self._task_batch[self._task_id] = (seq, first, end)
-            self._pool.submit(self._task_id, slot, group, epoch, step.group_index, first, end)
+            self._pool.submit(Task(self._task_id, slot, group, epoch, step.group_index, first, end))
 
     def _from_cache(self, record: _InFlight, cache: GroupCache, epoch: int) -> bool:
         """Settle ``record`` from the cache if it can be (read, or dropped for want of loaders);
@@ -453,7 +455,7 @@ class Pipeline:
         try:
             while connection.poll():
                 message = connection.recv()
-                if message[0] == STARTUP_FAILED:
+                if isinstance(message, StartupReport):
                     self._fail_worker(worker, "failed", message)
                     return False
                 task, ok, extras, error, elapsed, fatal, skipped = message
@@ -700,7 +702,7 @@ class Pipeline:
         try:
             while connection.poll(0):
                 message = connection.recv()
-                if message[0] == STARTUP_FAILED:
+                if isinstance(message, StartupReport):
                     return message
         except (EOFError, OSError):
             pass
@@ -737,7 +739,7 @@ class Pipeline:
         self.output.put(Failure(WorkerError(
             message, process_name=process.name, pid=process.pid, exitcode=code, signal=killed_by,
             item=None if loading is None else loading.item, batch=None if loading is None else loading.batch,
-            traceback=None if report is None else report[3],
+            traceback=None if report is None else report.traceback,
         )))
 
 
@@ -762,7 +764,7 @@ def startup_failure_words(report: tuple) -> str:
     """What a worker's start-up failure report says, with what to do about it, and its traceback."""
     from ._forkserver import MAIN_IMPORT_FAILED
 
-    _kind, stage, line, text = report
+    stage, line, text = report
     if stage == "startup_func":
         words = f"startup_func raised {line}"
     else:

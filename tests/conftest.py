@@ -76,7 +76,7 @@ def _warm_forkserver() -> None:
     # Workers forked from the fork server only avoid importing the test modules (and JAX) when
     # the server has them; a training script gets the same from its main module. This must run
     # before JAX initialises: hydrax starts the server without them from then on.
-    from hydrax.workers import warm_forkserver
+    from hydrax.processes import warm_forkserver
 
     warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py")])
 

@@ -241,9 +241,9 @@ def webdataset_rate(pattern: str, tuned_malloc: bool = False) -> float:
     import webdataset as wds
 
     if tuned_malloc:
-        from hydrax.workers import _tune_malloc
+        from hydrax.processes import tune_malloc
 
-        _tune_malloc()
+        tune_malloc()
     started = time.perf_counter()
     seen = 0
     for sample in wds.WebDataset(pattern, shardshuffle=False):

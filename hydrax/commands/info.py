@@ -17,7 +17,7 @@ def run(_args: argparse.Namespace) -> int:
     import numpy
 
     from .. import __version__
-    from ..workers import start_method
+    from ..processes import start_method
 
     before_jax = start_method()
     print(f"hydrax {__version__} (Python {platform.python_version()}, numpy {numpy.__version__})")

@@ -392,7 +392,7 @@ def _no_fork_server() -> None:
     safe (no object-store threads yet); the fork server, which would import JAX for runs to come,
     is then only a few seconds of CPU taken from the loaders (and a traceback at Ctrl+C).
     """
-    from ..workers import start_method
+    from ..processes import start_method
 
     if "HYDRAX_START_METHOD" not in os.environ and start_method() == "fork":
         os.environ["HYDRAX_START_METHOD"] = "fork"

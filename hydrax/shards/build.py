@@ -753,7 +753,7 @@ def _probe(chunk: Sequence[SourceSample], check_images: bool) -> list[BuildError
 
 
 def _start_worker() -> None:
-    from ..workers import _die_with_parent
+    from ..processes import die_with_parent
 
     # Ctrl+C reaches the whole process group: the parent cleans up and stops the pool (with
     # SIGTERM), so the workers should neither die mid-task nor print tracebacks of their own; a
@@ -761,7 +761,7 @@ def _start_worker() -> None:
     # them along instead of leaving them blocked on a file.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent()
+    die_with_parent()
 
 
 def _loaded(samples: Sequence[SourceSample], workers: int, check_images: bool) -> Iterator[tuple[SourceSample, Any]]:
@@ -776,7 +776,7 @@ def _loaded(samples: Sequence[SourceSample], workers: int, check_images: bool) -
     # writer) is the bottleneck. Processes rather than threads, because Pillow's parsing and the
     # writer both hold the GIL much of the time. Chunks amortise the pool's cost per task; the
     # window bounds how far ahead the workers run.
-    from ..workers import start_method
+    from ..processes import start_method
 
     chunk = 64
     window: deque[tuple[Sequence[SourceSample], Any]] = deque()

@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..workers import process_alive
+from ..processes import process_alive
 
 log = logging.getLogger(__name__)
 

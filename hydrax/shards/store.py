@@ -323,7 +323,7 @@ class ObjectStore(Store):
             if self._pid != os.getpid():
                 self._client = self._make_client()
                 self._pid = os.getpid()
-                from ..workers import note_fork_hazard
+                from ..processes import note_fork_hazard
 
                 note_fork_hazard("obstore's request threads (used for remote shards)")
         return self._client

@@ -1,0 +1,264 @@
+"""The processes of a run: how workers start, and how they stay tied to the main process.
+
+- **Start method.** A plain ``fork`` while this process has no live JAX backend (milliseconds,
+  and a loader defined in ``__main__`` is simply there); otherwise a fork server (see
+  :mod:`hydrax._forkserver`), because forking a process with live XLA threads can deadlock the
+  child. Other threads that a fork would not carry over (obstore's) are *fork hazards*.
+- **Fork server warm-up.** The server is started the moment JAX initialises a backend, with
+  hydrax, the main module's imports and the loader's module preloaded, so that its workers start
+  in milliseconds.
+- **Parent death.** A worker dies with its parent (``PR_SET_PDEATHSIG``); a fork server's worker
+  lets go of the server's "alive" pipe, so the server exits with the main process and takes its
+  workers with it.
+- **Liveness** of a process named in a file (:func:`process_alive`), and the malloc settings of
+  worker processes.
+
+What a worker runs, and the pool of them, are in :mod:`hydrax.workers`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import threading
+import types
+from typing import Sequence
+
+#: The name of each run's pipeline thread (see :mod:`hydrax.pipeline`): while one runs, it may be
+#: initialising JAX, so no process may be forked.
+PIPELINE_THREAD = "hydrax-pipeline"
+
+
+def is_worker() -> bool:
+    """True inside any child process (in particular inside hydrax's loader processes)."""
+    return mp.parent_process() is not None
+
+
+def jax_backend_live() -> bool:
+    """True when this process has initialised a JAX backend (and so runs XLA threads)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(bridge is not None and getattr(bridge, "_backends", None))
+
+
+_fork_hazards: set[str] = set()
+
+
+def note_fork_hazard(what: str) -> None:
+    """Record that this process now runs threads that a plain ``fork`` would not carry over
+    (``what`` says whose), so later runs start their workers from the fork server.
+
+    obstore's request threads are one: a child forked after they started hangs on its first
+    request, even with a new client.
+    """
+    _fork_hazards.add(what)
+
+
+def start_method() -> str:
+    """``"fork"`` when that is safe here, else ``"forkserver"``.
+
+    The environment variable ``HYDRAX_START_METHOD`` (``fork`` or ``forkserver``) overrides the choice.
+    """
+    forced = os.environ.get("HYDRAX_START_METHOD", "")
+    if forced:
+        if forced not in ("fork", "forkserver"):
+            raise ValueError(f"HYDRAX_START_METHOD must be 'fork' or 'forkserver', got {forced!r}")
+        return forced
+    # Another run's pipeline thread may be initialising JAX at this very moment: no fork then either.
+    busy = any(t.name == PIPELINE_THREAD for t in threading.enumerate())
+    return "forkserver" if busy or _fork_hazards or jax_backend_live() else "fork"
+
+
+_watching = False
+
+
+def watch_jax_start() -> None:
+    """Start the fork server as soon as JAX initialises a backend, if JAX is imported already.
+
+    From that moment on every new run needs the fork server, and starting it then, rather than
+    when the run begins, takes the server's imports (JAX and the main module's other modules)
+    off the time to the first batch (a training script usually spends seconds between
+    initialising JAX and its first loader).
+    Uses jax's ``register_backend_initialization_hook`` where it exists, else wraps the private
+    ``_init_backend`` (jax 0.12 dropped the hook); with neither, nothing happens.
+    """
+    global _watching
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if _watching or bridge is None or mp.parent_process() is not None:
+        return
+    register = getattr(bridge, "register_backend_initialization_hook", None)
+    init = getattr(bridge, "_init_backend", None)
+    if register is not None:
+        register(_on_backend)
+    elif callable(init):
+
+        def init_backend(*args, **kwargs):
+            backend = init(*args, **kwargs)
+            _on_backend(backend)
+            return backend
+
+        bridge._init_backend = init_backend
+    else:
+        return
+    _watching = True
+
+
+def _on_backend(_backend) -> None:
+    # Runs inside JAX's backend initialisation: start a process, call nothing of JAX.
+    from . import _forkserver
+
+    if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING:
+        return
+    try:
+        warm_forkserver()
+    except Exception:  # the run will start it later and report any problem then
+        pass
+
+
+def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
+    """Start the fork server now (if it is not running), with hydrax, cloudpickle, the modules
+    the main module has imported and ``modules`` imported in it (never the main module itself).
+
+    Workers forked from it then start in milliseconds instead of importing JAX and the rest
+    each. Modules named after the server has started are imported by each worker instead, as
+    it unpickles what it runs. Cheap to call again: the server is started once per process.
+    """
+    from multiprocessing import forkserver
+
+    from ._forkserver import CONFIG_ENV
+
+    mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
+    preload = [m for m in dict.fromkeys([*_main_imports(), *modules]) if m and m not in ("__main__", "__mp_main__")]
+    text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": _child_sys_path(), "modules": preload})
+    spill = None
+    if len(text) > _CONFIG_ENV_LIMIT:
+        # A long command line (thousands of file names) would not fit in one environment
+        # variable: a new server reads it from a file instead, and removes it.
+        fd, spill = tempfile.mkstemp(prefix="hydrax-forkserver-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        text = "@" + spill
+    server = forkserver._forkserver
+    running = getattr(server, "_forkserver_pid", None)
+    os.environ[CONFIG_ENV] = text
+    try:
+        server.ensure_running()
+    finally:
+        os.environ.pop(CONFIG_ENV, None)
+        if spill is not None and getattr(server, "_forkserver_pid", None) == running:
+            os.unlink(spill)  # no server was started to read it
+
+
+#: The longest settings passed to the fork server in its environment (Linux allows 128 KiB per variable).
+_CONFIG_ENV_LIMIT = 64 * 1024
+
+
+def _main_target() -> list[str] | None:
+    """``["name", module]`` or ``["path", file]``: how multiprocessing names this main module to a child.
+
+    The fork server's stand-in main module bears the same, so that a child's preparation finds
+    it in place and imports nothing (see :mod:`hydrax._forkserver`).
+    """
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return ["name", name]
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return None  # an interactive session, ``python -c``: a child imports nothing either
+    if not os.path.isabs(path) and mp.process.ORIGINAL_DIR is not None:
+        path = os.path.join(mp.process.ORIGINAL_DIR, path)
+    return ["path", os.path.normpath(path)]
+
+
+def _child_sys_path() -> list[str]:
+    # As multiprocessing gives a child: the current directory entry ("") made absolute.
+    origin = mp.process.ORIGINAL_DIR or os.getcwd()
+    return [origin if p == "" else p for p in sys.path if isinstance(p, str)]
+
+
+def _main_imports() -> list[str]:
+    """The modules whose names the main module holds (``import jax``, ``from x import f``)."""
+    main = sys.modules.get("__main__")
+    found = []
+    for value in list(vars(main).values()) if main is not None else ():
+        if isinstance(value, types.ModuleType):
+            name = value.__name__
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            name = getattr(value, "__module__", None)
+        else:
+            continue
+        if isinstance(name, str) and name in sys.modules and name != "builtins":
+            found.append(name)
+    return found
+
+
+
+def release_fork_server() -> None:
+    """Close this process's copy of the fork server's "alive" pipe.
+
+    multiprocessing gives every child of the fork server the write end of that pipe, and the
+    server exits only once every copy is closed. Kept here, it would keep the server alive
+    after the main process is killed, and the server would keep this worker alive (our
+    ``PR_SET_PDEATHSIG`` watches the server, our parent): both would outlive the main process.
+    """
+    module = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(module, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+
+def die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+#: glibc malloc settings in workers: blocks below 16 MiB come from the heap, and up to 32 MiB of
+#: free heap is kept. By default glibc maps and unmaps each large block (a decoded image, say) and
+#: trims the heap after it, so every item pays for fresh pages: JPEG decoding ran at 0.45x
+#: (tools/bench_shards.py, Pillow, 320x320) in a process that had not happened to raise glibc's
+#: adaptive threshold first. Set ``HYDRAX_MALLOC_TUNING=0``, or glibc's own ``MALLOC_*_``
+#: variables or ``GLIBC_TUNABLES``, to keep other settings.
+MALLOC_MMAP_THRESHOLD = 16 << 20
+MALLOC_TRIM_THRESHOLD = 32 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def tune_malloc() -> None:
+    if os.environ.get("HYDRAX_MALLOC_TUNING") == "0":
+        return
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts as alive): what decides if
+    a file named after the process that writes it is a dead process's leftover."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
