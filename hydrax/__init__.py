@@ -7,7 +7,8 @@ program needs; the API is a drop-in for hydrax 0.2.2.
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .debug import debug_batch_references
 from .errors import BatchFailedError, BatchTimeoutError, WorkerError
-from .group import ArrayLayout, ArraySpec, DataGroup
+from .group import DataGroup
+from .layout import ArrayLayout, ArraySpec
 from .loader import Dataloader
 from .processes import is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc

@@ -19,7 +19,8 @@ from .cache import CacheTarget, check_cache_arrays, check_cache_extras
 if TYPE_CHECKING:
     import jax
 
-    from .group import ArrayLayout, DataGroup
+    from .group import DataGroup
+    from .layout import ArrayLayout
 
 D = TypeVar("D")
 

@@ -7,17 +7,26 @@ and every batch is one file, ``e{epoch}-b{index}.dat``: the arrays' bytes at the
 the names and the descriptor text are hydrax 0.2.2's, byte for byte, so either library reads
 what the other wrote.
 
-This module holds everything about the files: the descriptor, the file names, reading a batch
-file through a read-only mapping, and writing one so that it appears under its name only when
-complete (a temporary name, ``fsync``, ``rename``: a run killed mid-write leaves no half file,
-and a path being written is never read). It knows nothing of groups, workers or JAX placement.
+This module holds all of it:
+
+- a group's cache arguments as 0.2.2 resolves them (:class:`CacheSettings`), its descriptor, and
+  opening its cache for a run (:func:`open_group_cache`, :class:`GroupCache`);
+- the files: reading a batch file through a read-only mapping, and writing one so that it appears
+  under its name only when complete (a temporary name, ``fsync``, ``rename``: a run killed
+  mid-write leaves no half file, and a path being written is never read), on writer threads
+  (:class:`CacheWriter`);
+- what a run does with each batch (:class:`RunCache`): read it from its file, drop it, or load it
+  and (direct mode) write it from its slot, and the form a batch is handed out in
+  (:class:`BatchForm`, :class:`CacheTarget` for :meth:`hydrax.Batch.cache`).
+
+It knows nothing of workers or JAX placement.
 
 The extras are a pickle, and unpickling runs code named in it: treat a cache directory as
 trusted input, as you would a checkpoint. hydrax reads at most :data:`MAX_EXTRAS_BYTES` of it.
 """
-
 from __future__ import annotations
 
+import enum
 import errno
 import json
 import logging
@@ -28,11 +37,18 @@ import re
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
+
+import numpy as np
 
 from . import _core
 from .errors import CacheFileError, CacheMismatchError, CacheNotFoundError
+from .layout import ArrayLayout, ArraySpec, compute_layouts, layouts_end
 from .processes import process_alive
+
+if TYPE_CHECKING:
+    from .group import DataGroup
+    from .schedule import GroupPlan
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +107,60 @@ def descriptor_text(*, data_len: int, batch_size: int, seed: int, shuffle_first:
     }
     fields.update(extra or {})
     return json.dumps(fields, indent=4)
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """A group's ``cache_*`` arguments as hydrax 0.2.2 resolves them (see :class:`hydrax.DataGroup`)."""
+
+    #: The cache directory; None: no cache on disk (with ``cache_arrays``, :meth:`hydrax.Batch.cache`
+    #: still turns batches into their cached form, in memory only).
+    location: str | None
+    #: The cache is read, never written: asked for, or forced by a missing location or loader arrays.
+    readonly: bool
+    #: "Direct" mode: no ``cache_arrays`` and a writable location, so the loader arrays are
+    #: written to the cache as they are loaded.
+    direct: bool
+    #: The arrays of a cached batch: ``cache_arrays``, or the loader arrays in direct mode.
+    arrays: Mapping[str, ArraySpec] | None
+
+    @classmethod
+    def resolve(cls, loader_arrays: Mapping[str, ArraySpec] | None, cache_arrays: Mapping[str, ArraySpec] | None,
+                cache_location: str | os.PathLike | None, cache_readonly: bool) -> CacheSettings:
+        """Apply 0.2.2's rules, with its messages for the combinations it refuses."""
+        if loader_arrays is None and cache_arrays is None:
+            raise ValueError("either loader_arrays or cache_arrays must be specified")
+        readonly = bool(cache_readonly)
+        if loader_arrays is None:
+            if cache_location is None:
+                raise ValueError("cache_location is required if no loader_arrays are specified")
+            readonly = True
+        direct = False
+        if cache_location is None:
+            readonly = True
+        elif cache_arrays is None:
+            cache_arrays = loader_arrays
+            direct = not readonly
+        location = None if cache_location is None else os.fspath(cache_location)
+        return cls(location, readonly, direct, None if cache_arrays is None else dict(cache_arrays))
+
+    @property
+    def default_shuffle(self) -> str:
+        """What ``shuffle_later="default"`` means: ``"batchwise"`` with a cache location (a cached
+        batch keeps its items), else ``"itemwise"``."""
+        return "batchwise" if self.location is not None else "itemwise"
+
+
+def group_descriptor(group: DataGroup, layouts: Mapping[str, ArrayLayout], extra: Mapping[str, Any] | None = None) -> str:
+    """The descriptor of ``group``'s cache with the arrays at ``layouts`` (see :func:`descriptor_text`)."""
+    extra = dict(extra or {})
+    if group.shuffle_later == "shardwise":
+        # Not part of 0.2.2's descriptor, but they decide a shardwise batch's items.
+        extra.update(shard_window=group.shard_window, shard_partitions=group.shard_partitions)
+    return descriptor_text(
+        data_len=len(group), batch_size=group.batch_size, seed=group.seed, shuffle_first=group.shuffle_first,
+        shuffle_later=group.shuffle_later, layouts=[(lay.offset, lay.dtype, lay.count) for lay in layouts.values()], extra=extra,
+    )
 
 
 def prepare_location(location: str | os.PathLike, text: str, readonly: bool) -> str:
@@ -406,6 +476,30 @@ def share_directory(location: str | os.PathLike, process_index: int, process_cou
     return os.path.join(location, f"share-{process_index}-of-{process_count}")
 
 
+def open_group_cache(group: DataGroup, plan: GroupPlan, process_index: int = 0, process_count: int = 1) -> GroupCache | None:
+    """Check or create ``group``'s cache for a run that loads ``plan``'s share of each batch; None
+    when the group has no cache on disk.
+
+    Raises what :func:`prepare_location` raises (a mismatching descriptor, a missing read-only
+    cache). With several processes, each keeps its share of every batch in a share directory of
+    the cache (see :func:`share_directory`), with its own descriptor.
+    """
+    settings = group.cache_settings
+    if settings.location is None or group.cache_layouts is None:
+        return None
+    prepare_location(settings.location, group_descriptor(group, group.cache_layouts), settings.readonly)
+    location, layouts, size, rows = settings.location, group.cache_layouts, group.cache_size, group.batch_size
+    if process_count > 1:
+        rows = plan.local_batch_size
+        shared, size = compute_layouts(rows, settings.arrays, natural=True)
+        layouts = MappingProxyType(shared)
+        location = share_directory(settings.location, process_index, process_count)
+        share = {"process_count": process_count, "share": [list(r) for r in plan.share]}
+        prepare_location(location, group_descriptor(group, layouts, share), settings.readonly)
+    return GroupCache(location, layouts, int(size), rows, group.shuffle_later, settings.readonly, settings.direct,
+                      group.loader_layouts is None)
+
+
 def check_cache_arrays(arrays: Any, layouts: Mapping[str, tuple]) -> None:
     """What :meth:`hydrax.Batch.cache` requires of ``arrays``, with 0.2.2's messages: a dict with
     every cache array, each a ``jax.Array`` of the layout's exact shape and JAX dtype, and no
@@ -456,8 +550,6 @@ class CacheTarget:
         cache, path, writer = self.cache, self.path, self.writer
         if cache is None or cache.readonly or path is None or writer is None or not writer.claim(path):
             return False
-        import numpy as np
-
         arrays, additional = dict(arrays), {key: list(values) for key, values in additional.items()}
 
         def write() -> None:
@@ -468,3 +560,112 @@ class CacheTarget:
 
         writer.submit(path, write)
         return True
+
+
+class BatchForm(NamedTuple):
+    """The form a batch is handed out in: its layouts, whether it holds the loader arrays
+    (``uncached``), and where :meth:`hydrax.Batch.cache` would put it (None: nowhere)."""
+
+    layouts: Mapping[str, ArrayLayout]
+    uncached: bool
+    cache_target: CacheTarget | None
+
+
+class Outcome(enum.Enum):
+    """What a run does with a batch of a group that has a cache on disk."""
+
+    #: The batch is read from its file.
+    READ = "read"
+    #: There is no file and the group has no loaders: the batch is dropped.
+    MISSING = "missing"
+    #: The loaders load it (in explicit mode the training loop may then cache it itself).
+    LOAD = "load"
+    #: Direct mode: the loaders load it and it is written from its slot; its path is claimed until then.
+    WRITE = "write"
+    #: Direct mode: loaded, and its write queued (the writer frees the path when done).
+    QUEUED = "queued"
+
+
+@dataclass
+class CacheEntry:
+    """One batch's file in its group's cache, and what the run does with it."""
+
+    cache: GroupCache
+    path: str
+    outcome: Outcome
+    #: The batch read from the file (``READ``), until :meth:`lease` hands it on.
+    batch: CachedBatch | None = None
+
+    @property
+    def handed_out_cached(self) -> bool:
+        """Whether the batch reaches the training loop in its cached form (read, or direct mode)."""
+        return self.outcome is Outcome.READ or self.cache.direct
+
+    def lease(self, slot: int, on_free: Callable[[int], object]) -> _core.SlotLease:
+        """The lease over the arrays of the batch read from the file (see :meth:`CachedBatch.lease`);
+        the lease holds the mapping from then on."""
+        batch, self.batch = self.batch, None
+        return batch.lease(slot, on_free)
+
+
+class RunCache:
+    """A run's use of its groups' caches: whether each batch is read from its file, dropped, or
+    loaded (and then, in direct mode, written from its slot), and the writer threads.
+
+    :param writer: the run's writer threads; None when every cache is read-only.
+    """
+
+    def __init__(self, writer: CacheWriter | None) -> None:
+        self.writer = writer
+
+    def settle(self, cache: GroupCache, epoch: int, index: int, training: bool) -> CacheEntry:
+        """What becomes of batch ``index`` of ``epoch``: read from its file when it is there and
+        no one is writing it, dropped when it is not there and the group has no loaders, loaded
+        otherwise (and claimed for writing, in direct mode)."""
+        path = cache.path(epoch, index, training)
+        writer = self.writer
+        # A path in flight is being loaded or written right now: never read it (hydrax 0.2.2 did,
+        # and unpickled half a file); load the batch again instead.
+        if writer is None or not writer.in_flight(path):
+            batch = cache.open(path)
+            if batch is not None:
+                return CacheEntry(cache, path, Outcome.READ, batch)
+        if cache.loaderless:
+            return CacheEntry(cache, path, Outcome.MISSING)
+        if cache.direct and writer is not None and writer.claim(path):
+            return CacheEntry(cache, path, Outcome.WRITE)
+        return CacheEntry(cache, path, Outcome.LOAD)
+
+    def abandon(self, entry: CacheEntry | None) -> None:
+        """The batch will not be written after all (it failed, or was not placed): free its path."""
+        if entry is not None and entry.outcome is Outcome.WRITE:
+            entry.outcome = Outcome.LOAD
+            self.writer.release(entry.path)
+
+    def write_from_slot(self, entry: CacheEntry, lease: _core.SlotLease, layouts: Mapping[str, ArrayLayout],
+                        additional: Mapping[str, list[Any]]) -> None:
+        """Queue the write of a batch loaded in direct mode, from its slot: the writer's views keep
+        the slot from being recycled until the file is written."""
+        entry.outcome = Outcome.QUEUED
+        cache, path = entry.cache, entry.path
+        slot = np.frombuffer(lease, dtype=np.uint8, count=max(layouts_end(layouts), 1))
+        chunks = [(cache.layouts[name].offset, slot[layout.offset : layout.end]) for name, layout in layouts.items()]
+        del slot
+        extras = {key: list(values) for key, values in additional.items()}
+        self.writer.submit(path, lambda: cache.write(path, chunks, extras))
+
+    def form(self, cache: GroupCache | None, cache_layouts: Mapping[str, ArrayLayout] | None, entry: CacheEntry | None,
+             layouts: Mapping[str, ArrayLayout]) -> BatchForm:
+        """The form of a batch with the arrays at ``layouts``: cached when it was read or its group
+        caches in direct mode; otherwise uncached, and cacheable by the loop when its group has
+        ``cache_layouts`` (what :meth:`hydrax.Batch.cache` checks against)."""
+        if entry is not None and entry.handed_out_cached:
+            return BatchForm(cache.layouts, False, None)
+        if cache_layouts is not None:
+            return BatchForm(layouts, True, CacheTarget(cache_layouts, cache, None if entry is None else entry.path, self.writer))
+        return BatchForm(layouts, True, None)
+
+    def close(self) -> None:
+        """Finish the queued writes (the queued batch files are written, not lost)."""
+        if self.writer is not None:
+            self.writer.close()

@@ -17,17 +17,21 @@ That is refused, like a failure.
 
 Without ``jax.distributed`` (process counts given by hand) there is nothing to agree through:
 each process still raises instead of dropping, and the others notice at their next collective.
+
+Which process this is, and of how many, comes from JAX (:func:`jax_process_split`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable
 
 from .errors import BatchFailedError, BatchTimeoutError
+from .processes import jax_backend_live
 
 log = logging.getLogger("hydrax.hosts")
 
@@ -46,8 +50,6 @@ _runs_lock = threading.Lock()
 
 def distributed_client() -> Any | None:
     """The ``jax.distributed`` client of this process, or None when it has not been initialised."""
-    import sys
-
     if "jax" not in sys.modules:
         return None
     try:
@@ -55,6 +57,26 @@ def distributed_client() -> Any | None:
     except ImportError:  # pragma: no cover - a JAX without that module
         return None
     return getattr(distributed.global_state, "client", None)
+
+
+def jax_process_split() -> tuple[int, int]:
+    """``(process_index, process_count)`` of this JAX process, without starting a JAX backend.
+
+    From JAX when a backend is live or ``jax.distributed.initialize`` has run; otherwise
+    ``(0, 1)``. Starting a backend here would cost the loader its fast fork start.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 0, 1
+    if jax_backend_live():
+        return jax.process_index(), jax.process_count()
+    client = distributed_client()
+    if client is None:
+        return 0, 1
+    from jax._src import distributed
+
+    state = distributed.global_state
+    return int(state.process_id), int(state.num_processes)
 
 
 def _next_run() -> int:

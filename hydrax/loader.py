@@ -1,13 +1,15 @@
 """Dataloader: the conductor of a run.
 
-It checks the arguments, builds the schedule plan, and inside its ``with`` block owns the arena,
-the worker processes and the pipeline thread; ``__next__`` hands out the pipeline's batches and
-turns interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 programs expect.
+It checks the arguments (:mod:`hydrax.arguments`) and settles the run (:mod:`hydrax.run`) when
+it is built; inside its ``with`` block an :class:`~hydrax.engine.Engine` runs the arena, the
+worker processes and the pipeline thread, and ``__next__`` hands out the pipeline's batches,
+turning interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 programs expect.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 import queue
@@ -19,30 +21,36 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Generic, TypeVar
 
-from .arena import Arena
+from .arguments import as_groups, check_functions, check_int, parse_end, parse_start, parse_validation, run_policy
 from .batch import Batch
-from .cache import CacheWriter, GroupCache
+from .engine import Engine, RunFunctions, warm_up
 from .errors import BatchFailedError, BatchTimeoutError
 from .group import DataGroup
-from .hosts import HostAgreement, distributed_client
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
-from .schedule import GroupPlan, Plan, host_share, iter_steps, normalise_start, plan_fingerprint, share_ranges
-from .sharding import GroupSharding, as_shardings, plan_group
-from .messages import TASK_BYTES
-from .processes import is_worker, jax_backend_live, start_method, warm_forkserver
-from .workers import GroupSpec, WorkerConfig, WorkerPool
+from .run import plan_run, with_cachers
+from .schedule import plan_fingerprint
 
 D = TypeVar("D")
 log = logging.getLogger(__name__)
 
-_ONE_YEAR = 31_536_000
 _UNSET = object()
 _WAIT_SLICE_S = 0.1
-#: The choices of ``on_item_error``.
-ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")
-#: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
-_TASK_PIPE_BUDGET = 48 * 1024
+
+
+class Lifecycle(enum.Enum):
+    """Where a Dataloader is in its one run."""
+
+    #: Built, not entered yet.
+    NEW = "new"
+    #: Inside the ``with`` block, handing out batches.
+    RUNNING = "running"
+    #: Inside the ``with`` block, the iteration over: the run reached its end, or was interrupted.
+    ENDED = "ended"
+    #: Inside the ``with`` block, the run raised (a dead worker, a timeout, a failed batch).
+    FAILED = "failed"
+    #: The ``with`` block was left: the run cannot be entered again.
+    CLOSED = "closed"
 
 
 def _flush_logs() -> None:
@@ -60,60 +68,6 @@ def _flush_logs() -> None:
             stream.flush()
         except Exception:
             pass
-
-
-def _groups(value: Any, what: str) -> list[DataGroup]:
-    items = [value] if isinstance(value, DataGroup) else value
-    if not isinstance(items, Iterable):
-        raise TypeError(f"{what} must be a hydrax.DataGroup or an iterable of them, got {type(value).__name__}")
-    groups = list(items)
-    for group in groups:
-        if not isinstance(group, DataGroup):
-            raise TypeError(f"data of type {type(group).__name__} is not in a hydrax.DataGroup")
-    if not groups:
-        raise ValueError(f"{what} needs at least one DataGroup")
-    return groups
-
-
-def jax_process_split() -> tuple[int, int]:
-    """``(process_index, process_count)`` of this JAX process, without starting a JAX backend.
-
-    From JAX when a backend is live or ``jax.distributed.initialize`` has run; otherwise
-    ``(0, 1)``. Starting a backend here would cost the loader its fast fork start.
-    """
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return 0, 1
-    if jax_backend_live():
-        return jax.process_index(), jax.process_count()
-    try:
-        from jax._src import distributed
-    except ImportError:  # pragma: no cover - a JAX without that module
-        return 0, 1
-    state = distributed.global_state
-    if getattr(state, "client", None) is None:
-        return 0, 1
-    return int(state.process_id), int(state.num_processes)
-
-
-def _process_split(index: Any, count: Any) -> tuple[int, int]:
-    if index is None and count is None:
-        return jax_process_split()
-    if index is None or count is None:
-        raise ValueError("process_index and process_count go together: pass both, or neither to take them from JAX")
-    index, count = _int("process_index", index, 0), _int("process_count", count, 1)
-    if index >= count:
-        raise ValueError(f"process_index must be below process_count ({count}), got {index}")
-    return index, count
-
-
-def _int(name: str, value: Any, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
 
 
 class Dataloader(Generic[D]):
@@ -218,167 +172,37 @@ class Dataloader(Generic[D]):
     ) -> None:
         if type(self) is not Dataloader:
             warnings.warn(f"{type(self).__name__} derives from hydrax.Dataloader. This is not supported.", SyntaxWarning, stacklevel=2)
-        if is_worker():
-            raise RuntimeError("Dataloader cannot run in a worker process.")
-        if not callable(loader_func):
-            raise TypeError(f"loader_func must be callable, got {type(loader_func).__name__}")
-        for name, func in (("startup_func", startup_func), ("placement_func", placement_func)):
-            if func is not None and not callable(func):
-                raise TypeError(f"{name} must be callable or None, got {type(func).__name__}")
-        self._training = _groups(training, "training")
-        self._validation: list[DataGroup] = []
-        validation_mode, validation_interval = None, 1
-        if validation is not None:
-            try:
-                validation_mode, validation_interval, validation_groups = validation
-            except (TypeError, ValueError):
-                raise TypeError("validation must be a tuple (mode, interval, groups)") from None
-            if validation_mode not in ("epoch", "batch"):
-                raise ValueError("validation mode must be 'epoch' or 'batch'")
-            validation_interval = _int("validation interval", validation_interval, 1)
-            self._validation = _groups(validation_groups, "validation groups")
-        self._depth = _int("depth", depth, 1)
-        self._loader_count = _int("loader_count", loader_count)
-        groups = self._training + self._validation
-        if all(g.loader_layouts is None for g in groups):
-            log.warning("[hydrax] loading exclusively from cache")
-            self._loader_count = 0
-        elif self._loader_count < 1:
-            raise ValueError("loaders are required, cannot provision none")
-        self._loader_nice = _int("loader_nice", loader_nice)
-        self._cacher_count = _int("cacher_count", cacher_count)
-        try:
-            start_epoch, start_batch = start_at
-            start_epoch, start_batch = _int("start_at epoch", start_epoch), _int("start_at batch", start_batch)
-        except (TypeError, ValueError) as exc:
-            if "must not be negative" in str(exc):
-                raise
-            raise TypeError(f"start_at must be (epoch, batch) ints, got {start_at!r}") from None
-        end = None
-        if end_at is not None:
-            try:
-                kind, value = end_at
-            except (TypeError, ValueError):
-                raise TypeError(f"end_at must be None or (kind, n), got {end_at!r}") from None
-            if kind not in ("never", "epoch", "batch"):
-                raise ValueError("end_at endpoint must be 'never', 'epoch', or 'batch'")
-            if kind != "never":
-                end = (kind, _int("end_at value", value))
-        self._deterministic = bool(deterministic)
-        self._timeout = _ONE_YEAR if _int("timeout_sec", timeout_sec) <= 0 else int(timeout_sec)
-        self._loader_func = loader_func
-        self._startup_func = startup_func
-        self._placement_func = placement_func
-        if zero_copy is not None and not isinstance(zero_copy, bool):
-            raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
-        self._zero_copy = zero_copy
-        if on_item_error not in ON_ITEM_ERROR:
-            raise ValueError(f"on_item_error must be one of {', '.join(map(repr, ON_ITEM_ERROR))}, got {on_item_error!r}")
-        self._on_item_error = on_item_error
-        self._max_failures = None if max_consecutive_failures is None else _int("max_consecutive_failures", max_consecutive_failures, 1)
-        self._process_index, self._process_count = _process_split(process_index, process_count)
-        self._sharding = sharding
-        if sharding is not None:
-            if placement_func is not None:
-                raise ValueError("pass sharding or placement_func, not both: with a sharding hydrax places the global arrays itself")
-            import jax
-
-            if (self._process_index, self._process_count) != (jax.process_index(), jax.process_count()):
-                raise ValueError(
-                    f"with a sharding, process_index and process_count are JAX's ({jax.process_index()} of "
-                    f"{jax.process_count()}), not {self._process_index} of {self._process_count}: leave them out"
-                )
-        if self._process_count > 1 and not self._deterministic:
-            raise ValueError(
-                f"deterministic=False cannot be used with {self._process_count} processes: each process would hand out its "
-                "share of a different batch whenever loading times differ, and a global batch would mix rows of "
-                "different steps. Leave deterministic=True (the default)"
-            )
-        # Runs whose batches span processes or devices must not lose a batch quietly.
-        self._strict = self._process_count > 1 or sharding is not None
-        self._group_shardings: list[GroupSharding | None] = []
-        plans = tuple(self._share(g, "training", i) for i, g in enumerate(self._training))
-        bpe = sum(p.batch_count for p in plans)
-        self._plan = Plan(
-            training=plans,
-            validation=tuple(self._share(g, "validation", i) for i, g in enumerate(self._validation)),
-            validation_mode=validation_mode,
-            validation_interval=validation_interval,
-            start=normalise_start((start_epoch, start_batch), bpe),
-            end=end,
-            interleave=bool(interleave_groups) and len(plans) > 1,
+        check_functions(loader_func, startup_func, placement_func)
+        training_groups = as_groups(training, "training")
+        validation_mode, validation_interval, validation_groups = parse_validation(validation)
+        policy = run_policy(
+            training_groups + validation_groups, depth=depth, loader_count=loader_count, loader_nice=loader_nice,
+            cacher_count=cacher_count, deterministic=deterministic, timeout_sec=timeout_sec, zero_copy=zero_copy,
+            on_item_error=on_item_error, max_consecutive_failures=max_consecutive_failures, process_index=process_index,
+            process_count=process_count, sharding=sharding, placement_func=placement_func,
         )
-        if sharding is not None and any(g._cache_location is not None for g in groups):
-            raise ValueError("a group with an on-disk cache (cache_location) cannot be placed with sharding; "
-                             "use process_index/process_count (each process caches its share) or placement_func")
-        # Checks or creates every cache's descriptor now, as hydrax 0.2.2 did (a mismatch raises here).
-        group_plans = self._plan.training + self._plan.validation
-        self._caches: list[GroupCache | None] = [g._open_cache(p, self._process_index, self._process_count) for g, p in zip(groups, group_plans)]
-        if any(c is not None and not c.readonly for c in self._caches):
-            if self._cacher_count < 1:
-                raise ValueError("cachers are required, cannot provision none")
-            if self._cacher_count > self._depth:
-                warnings.warn(f"ignoring cacher_count ({self._cacher_count}) in excess of depth ({self._depth})", ResourceWarning, stacklevel=2)
-                self._cacher_count = self._depth
-        else:
-            self._cacher_count = 0
-        self._writer: CacheWriter | None = None
-        self._state = "new"  # new -> running -> done
-        self._running = False
+        # Checks or creates every cache's descriptor, as hydrax 0.2.2 did (a mismatch raises here).
+        self._plan, self._groups = plan_run(
+            training_groups, validation_groups, policy, validation_mode=validation_mode, validation_interval=validation_interval,
+            start_at=parse_start(start_at), end_at=parse_end(end_at), interleave=bool(interleave_groups), sharding=sharding,
+        )
+        self._policy = with_cachers(policy, self._groups)
+        self._functions = RunFunctions(loader_func, startup_func, placement_func)
+        self._state = Lifecycle.NEW
+        self._engine: Engine | None = None
         self._interrupted = False
-        self._abort = False
-        self._sigints = 0
-        self._first = True
-        self._idle_ns = 0
-        self._arena: Arena | None = None
-        self._pool: WorkerPool | None = None
-        self._pipeline: Pipeline | None = None
+        self._sigints = 0  # Ctrl+C: the first interrupts, the second aborts, the third terminates
         self._previous_sigint: Any = _UNSET
-        self._method: str | None = None
-        self._stats = TransferStats()
         self._handed = 0  # batches (and failures) taken from the pipeline, in schedule order
-        if start_method() == "forkserver":
-            # It imports the loader's module (never the main one) in the background until __enter__.
-            warm_forkserver(self._modules())
+        self._delivered = 0  # batches handed to the loop
+        self._idle_ns = 0
+        warm_up(self._functions)
 
-    def _share(self, group: DataGroup, kind: str, i: int) -> GroupPlan:
-        count = self._process_count
-        what = f"{kind} group {i}"
-        if group.batch_size % count:
-            raise ValueError(
-                f"{what} has batch_size {group.batch_size}, which {count} processes cannot split evenly "
-                f"(process_count={count}): make every batch size a multiple of the process count"
-            )
-        if self._sharding is None:
-            self._group_shardings.append(None)
-            plan = host_share(group._plan(), self._process_index, count)
-        else:
-            item_shapes = {name: layout[0][1:] for name, layout in group.loader_layouts.items()}
-            sharded = plan_group(as_shardings(self._sharding, list(item_shapes)), group.batch_size, item_shapes, what)
-            self._group_shardings.append(sharded)
-            plan = share_ranges(group._plan(), sharded.ranges)
-        partitions = group.shard_partitions
-        if kind == "training" and partitions > 1:
-            block = group.batch_size // partitions
-            if self._sharding is None and partitions % count:
-                raise ValueError(
-                    f"{what} has shard_partitions={partitions}, which process_count={count} does not divide: "
-                    f"each process must load whole partitions to read only its own shards; use a process count that "
-                    f"divides {partitions}, or shard_partitions a multiple of {count}"
-                )
-            if any(start % block or stop % block for start, stop in plan.share):
-                raise ValueError(
-                    f"{what} has shard_partitions={partitions}, but the sharding gives this process positions "
-                    f"{list(plan.share)} of every batch, which cut through partitions (blocks of {block} positions): "
-                    f"each process must load whole partitions to read only its own shards; use shard_partitions that "
-                    f"divide the sharding's blocks of rows"
-                )
-        return plan
+    @property
+    def _pipeline(self) -> Pipeline | None:
+        return self._engine.pipeline if self._engine is not None else None
 
-    def _modules(self) -> list[str]:
-        return [getattr(f, "__module__", None) for f in (self._loader_func, self._startup_func)]
-
-    # -- properties ------------------------------------------------------------------------------
+    # -- the run's facts ------------------------------------------------------------------------------
     def select_stream(self, index: int, count: int, first: int = 0) -> None:
         """Deliver only this producer's share of the run: stream positions ``first`` and on that
         are ``index`` modulo ``count`` (before entering the ``with`` block).
@@ -391,14 +215,14 @@ class Dataloader(Generic[D]):
         batch (a consumer waits for every position): a batch that fails raises
         :class:`BatchFailedError`, as a multi-process run does.
         """
-        if self._state != "new":
+        if self._state is not Lifecycle.NEW:
             raise RuntimeError("select_stream must be called before the Dataloader is entered")
-        count = _int("stream count", count, 1)
-        index = _int("stream index", index)
+        count = check_int("stream count", count, 1)
+        index = check_int("stream index", index)
         if index >= count:
             raise ValueError(f"stream index {index} is not below the count {count}")
-        self._plan = dataclasses.replace(self._plan, stream=(index, count, _int("stream first", first)))
-        self._strict = True
+        self._plan = dataclasses.replace(self._plan, stream=(index, count, check_int("stream first", first)))
+        self._policy = dataclasses.replace(self._policy, never_drop=True)
 
     @property
     def schedule_fingerprint(self) -> str:
@@ -430,27 +254,27 @@ class Dataloader(Generic[D]):
     @property
     def process_index(self) -> int:
         """(hydrax extension) Which of :attr:`process_count` processes this is; it loads that share of every batch."""
-        return self._process_index
+        return self._policy.process_index
 
     @property
     def process_count(self) -> int:
         """(hydrax extension) How many processes split every batch (1: this process loads whole batches)."""
-        return self._process_count
+        return self._policy.process_count
 
     @property
     def dropped_batches(self) -> int:
         """(hydrax extension) Batches of this run dropped because an item failed (``on_item_error="drop_batch"``)."""
-        return self._pipeline.dropped_batches if self._pipeline is not None else 0
+        return self._pipeline.budget.dropped_batches if self._pipeline is not None else 0
 
     @property
     def failed_items(self) -> int:
         """(hydrax extension) Items of this run whose ``loader_func`` raised (each dropped its batch, or was skipped)."""
-        return self._pipeline.failed_items if self._pipeline is not None else 0
+        return self._pipeline.budget.failed_items if self._pipeline is not None else 0
 
     @property
     def deterministic(self) -> bool:
         """Whether batches are delivered in schedule order."""
-        return self._deterministic
+        return self._policy.deterministic
 
     @property
     def interrupted(self) -> bool:
@@ -460,7 +284,7 @@ class Dataloader(Generic[D]):
     @property
     def start_method(self) -> str | None:
         """(hydrax extension) How the workers of the current or last run started: ``"fork"`` or ``"forkserver"``."""
-        return self._method
+        return self._engine.method if self._engine is not None else None
 
     @property
     def transfer_stats(self) -> dict[str, int]:
@@ -472,7 +296,7 @@ class Dataloader(Generic[D]):
         ``custom``: placed by ``placement_func``; ``pinned``: whether the slots are page-locked
         for GPU transfers.
         """
-        stats = self._pipeline.stats if self._pipeline is not None else self._stats
+        stats = self._pipeline.stats if self._pipeline is not None else TransferStats()
         return stats.as_dict()
 
     def idle_usec(self) -> int:
@@ -482,99 +306,41 @@ class Dataloader(Generic[D]):
 
     def interrupt(self) -> None:
         """Stop delivering batches: the next ``__next__`` ends the iteration."""
-        if self._state != "running":
+        if self._state not in (Lifecycle.RUNNING, Lifecycle.ENDED):
             raise RuntimeError("dataloader is not set up")
         self._interrupted = True
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Dataloader[D]:
-        if self._state != "new":
-            raise RuntimeError("dataloader is already set up" if self._state == "running" else "a Dataloader runs only once: create a new one to run again")
-        self._state = "running"
+        if self._state is not Lifecycle.NEW:
+            running = self._state in (Lifecycle.RUNNING, Lifecycle.ENDED)
+            raise RuntimeError("dataloader is already set up" if running else "a Dataloader runs only once: create a new one to run again")
+        self._state = Lifecycle.RUNNING
+        self._engine = Engine(self._plan, self._groups, self._policy, self._functions)
         try:
-            self._start()
+            self._engine.start()
+            if threading.current_thread() is threading.main_thread():
+                self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
         except BaseException:
             self._shutdown()
-            self._state = "done"
+            self._state = Lifecycle.CLOSED
             raise
         return self
 
-    def _start(self) -> None:
-        groups = self._training + self._validation
-        plans = list(self._plan.training + self._plan.validation)
-        layouts = [
-            g._slot_layout(s.block_rows, s.device_starts) if s is not None else g._slot_layout((p.local_batch_size,))
-            for g, p, s in zip(groups, plans, self._group_shardings)
-        ]
-        slot_size = max(layout.size for layout in layouts)
-        self._arena = Arena(self._depth, slot_size, self._loader_count)
-        group_specs = [GroupSpec.of(g, p, layout, i < len(self._training)) for i, (g, p, layout) in enumerate(zip(groups, plans, layouts))]
-        config = WorkerConfig(self._loader_func, self._startup_func, self._loader_nice, group_specs, self._arena.spec(),
-                              skip_failed_items=self._on_item_error == "skip_item",
-                              log_level=logging.getLogger("hydrax").getEffectiveLevel())
-
-        self._method = start_method()
-        self._pool = WorkerPool(self._method)
-        if self._cacher_count:
-            self._writer = CacheWriter(self._cacher_count, self._depth)
-        # At most about two tasks per worker and batch (the pipeline uses fewer for cheap items),
-        # and never more task records than the task pipe holds.
-        chunks = max(1, min(2 * self._loader_count, _TASK_PIPE_BUDGET // (TASK_BYTES * self._depth)))
-        agreement = None
-        if self._process_count > 1:
-            client = distributed_client()
-            if client is not None:
-                # only a group with loader and cache arrays hands a batch out either uncached or cached
-                explicit = any(c is not None and not c.direct and not c.loaderless for c in self._caches)
-                agreement = HostAgreement(client, self._process_index, self._process_count, compare_forms=explicit)
-        self._pipeline = Pipeline(
-            iter_steps(self._plan), groups, plans, layouts, len(self._training), self._arena, self._pool,
-            self._placement_func, self._deterministic, chunks, self._zero_copy,
-            self._group_shardings, self._strict, agreement, self._process_index, self._on_item_error, self._max_failures,
-            self._caches, self._writer,
-        )
-        self._pipeline.prefill()  # the first workers start loading while the others are still starting
-        # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
-        # TypeError) here, naming the part and what to do.
-        if self._loader_count:
-            self._pool.start(self._loader_count, config, self._arena.handle(), self._modules())
-        self._arena.close_fd()
-        self._pipeline.start()
-        if agreement is not None:
-            agreement.start()
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
-        self._running = True
-
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._running:
+        if self._state is Lifecycle.RUNNING:
             self._interrupted = True
-        failed = self._state == "failed"
-        if failed:
+        if self._state is Lifecycle.FAILED:
             workers = self._pipeline.describe_workers() if self._pipeline is not None else ""
             log.error("[hydrax]: dataloader failed%s", "\n" + workers if workers else "")
         elif exc_type is not None:
             log.warning("[hydrax]: shutting down due to %s", exc_type.__name__)
         self._shutdown()
-        self._state = "done"
+        self._state = Lifecycle.CLOSED
 
     def _shutdown(self) -> None:
-        self._running = False
-        if self._pipeline is not None:
-            self._pipeline.stop()
-            if self._pipeline.agreement is not None:
-                self._pipeline.agreement.stop()
-        if self._pool is not None:
-            if self._arena is not None:
-                self._arena.stop_workers(len(self._pool.processes))  # queued tasks are skipped
-            self._pool.close(grace=0.5)
-            self._pool = None
-        if self._writer is not None:
-            self._writer.close()  # the queued batch files are finished, not lost
-            self._writer = None
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
+        if self._engine is not None:
+            self._engine.close()
         if self._previous_sigint is not _UNSET and threading.current_thread() is threading.main_thread():
             # None means a handler installed outside Python; the default is the closest we can restore
             signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous_sigint is None else self._previous_sigint)
@@ -588,7 +354,6 @@ class Dataloader(Generic[D]):
             self._interrupted = True
         elif self._sigints == 2:
             log.warning("[hydrax] KeyboardInterrupt: aborting, repeat to terminate")
-            self._abort = True
         else:
             log.warning("[hydrax] KeyboardInterrupt: terminating")
             _flush_logs()
@@ -596,84 +361,96 @@ class Dataloader(Generic[D]):
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Dataloader[D]:
-        if not self._running:
+        if self._state is not Lifecycle.RUNNING:
             raise RuntimeError("dataloader is not running")
         return self
 
     def __next__(self) -> Batch[D]:
-        if not self._running:
+        if self._state is not Lifecycle.RUNNING:
             raise RuntimeError("dataloader is not running")
-        output = self._pipeline.output
         collect_released_buffers()  # the batch the loop just dropped frees its slot now
         while True:
-            if self._abort:
-                self._fail(KeyboardInterrupt())
-                raise KeyboardInterrupt
-            try:
-                item = output.get_nowait()
-            except queue.Empty:
-                item = self._wait(output)
-            if isinstance(item, End):
-                self._running = False
-                raise StopIteration
-            if isinstance(item, Failure):
-                self._fail(item.error)
-                raise item.error
-            if self._interrupted:
-                self._end_interrupted()
+            item = self._take()
             seq = self._handed
             self._handed += 1
             if isinstance(item, Ready):
-                try:
-                    item = self._pipeline.place(item)
-                except Exception as exc:
-                    if not self._strict:
-                        continue  # placement failed: the batch is dropped, as in 0.2.2
-                    error = self._pipeline.failure(item.record, f"placement failed: {exc!r}")
-                    self._fail(error)
-                    raise error from exc
-            agreement = self._pipeline.agreement
+                item = self._place(item)
+                if item is None:
+                    continue  # placement failed: the batch is dropped, as in 0.2.2
+            agreement = self._engine.agreement
             if agreement is not None:
                 try:
-                    agreement.wait_for(seq, lambda item=item: repr(item), self._timeout)
+                    agreement.wait_for(seq, lambda item=item: repr(item), self._policy.timeout_s)
                 except BaseException as exc:
                     self._fail(exc)
                     raise
-            self._first = False
+            self._delivered += 1
             return item
+
+    def _take(self) -> Any:
+        """The pipeline's next batch (or :class:`Ready` one); raises at the end, on an interrupt or a failure."""
+        self._check_abort()
+        output = self._pipeline.output
+        try:
+            item = output.get_nowait()
+        except queue.Empty:
+            item = self._wait(output)
+        if isinstance(item, End):
+            self._state = Lifecycle.ENDED
+            raise StopIteration
+        if isinstance(item, Failure):
+            self._fail(item.error)
+            raise item.error
+        if self._interrupted:
+            self._end_interrupted()
+        return item
+
+    def _place(self, ready: Ready) -> Batch | None:
+        """Place a batch on this thread; None when placement failed and the batch may be dropped."""
+        try:
+            return self._pipeline.place(ready)
+        except Exception as exc:
+            if not self._policy.never_drop:
+                return None
+            error = self._pipeline.budget.failure(ready.record, f"placement failed: {exc!r}")
+            self._fail(error)
+            raise error from exc
+
+    def _check_abort(self) -> None:
+        if self._sigints >= 2:
+            self._fail(KeyboardInterrupt())
+            raise KeyboardInterrupt
 
     def _wait(self, output: queue.SimpleQueue) -> Any:
         started = time.monotonic_ns()
+        timeout = self._policy.timeout_s
         try:
             while True:
-                if self._abort:
-                    self._fail(KeyboardInterrupt())
-                    raise KeyboardInterrupt
+                self._check_abort()
                 if self._interrupted:
                     self._end_interrupted()
                 try:
                     return output.get(timeout=_WAIT_SLICE_S)
                 except queue.Empty:
                     pass
-                if time.monotonic_ns() - started >= self._timeout * 1_000_000_000:
+                if time.monotonic_ns() - started >= timeout * 1_000_000_000:
                     error = BatchTimeoutError(
-                        f"no batches have been produced in {self._timeout} seconds; the state of the run:\n"
+                        f"no batches have been produced in {timeout} seconds; the state of the run:\n"
                         + self._pipeline.describe_workers()
                     )
                     self._fail(error)
                     raise error
         finally:
-            if not self._first:
+            if self._delivered:
                 self._idle_ns += time.monotonic_ns() - started
 
     def _end_interrupted(self) -> None:
-        self._running = False
+        self._state = Lifecycle.ENDED
         raise StopIteration
 
     def _fail(self, error: BaseException) -> None:
-        self._running = False
-        self._state = "failed"
-        agreement = self._pipeline.agreement if self._pipeline is not None else None
+        self._state = Lifecycle.FAILED
+        agreement = self._engine.agreement if self._engine is not None else None
         if agreement is not None and not isinstance(error, BatchFailedError):
             # A batch failure was announced where it happened; anything else is news to the others.
             agreement.fail(self._handed, f"batch {self._handed} of the run (counting validation batches)", repr(error))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .group import ALIGNMENT
+from .layout import ALIGNMENT
 from .types import PlacementFunc
 
 

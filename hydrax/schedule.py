@@ -506,3 +506,10 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
             yield from validation()
         if end_epoch is not None and epoch >= end_epoch:
             return
+
+
+def describe_step(step: Step) -> str:
+    """A batch of the schedule in words: ``"batch 7 (epoch 1)"`` or ``"validation batch 3 (run 0)"``."""
+    if isinstance(step, TrainingStep):
+        return f"batch {step.batch_num} (epoch {step.epoch})"
+    return f"validation batch {step.validation_batch_num} (run {step.validation_epoch})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Callable
 
-from .group import ArrayLayout, ArraySpec  # noqa: F401  (re-exported)
+from .layout import ArrayLayout, ArraySpec  # noqa: F401  (re-exported)
 
 #: ``startup_func()``, run once in each worker.
 StartupFunc = Callable[[], None]

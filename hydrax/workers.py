@@ -53,21 +53,13 @@ class GroupSpec:
 
     ``arrays`` maps each name to ``(item_shape, numpy dtype, blocks)``, ``blocks`` being
     ``(byte offset, rows)`` pairs that hold the share's rows in order (see
-    :class:`hydrax.group.SlotLayout`): no JAX types, so a worker never has to import JAX.
+    :meth:`hydrax.layout.SlotLayout.item_places`): no JAX types, so a worker never has to import JAX.
     """
 
     data: Sequence[Any]
     plan: GroupPlan
     arrays: dict
     training: bool
-
-    @classmethod
-    def of(cls, group, plan: GroupPlan, layout, training: bool) -> GroupSpec:
-        arrays = {
-            name: (shape[1:], dtype, tuple(zip(layout.block_offsets[name], layout.blocks)))
-            for name, (shape, dtype, _jax, _offset, _count) in layout.arrays.items()
-        }
-        return cls(group.data, plan, arrays, training)
 
 
 @dataclass

@@ -280,7 +280,7 @@ def test_a_cache_only_group_loads_exclusively_from_the_cache_and_drops_missing_b
         dl = hydrax.Dataloader(refuse, group, end_at=("epoch", 2), loader_count=4)
     assert "[hydrax] loading exclusively from cache" in caplog.text
     with dl, caplog.at_level(logging.WARNING, logger="hydrax"):
-        assert dl._pool.processes == []  # no loader process at all
+        assert dl._engine.pool.processes == []  # no loader process at all
         got = [(b.batch_num, b.group_index, b.uncached) for b in dl]
     # batch 2 of each epoch is dropped, its number skipped, as 0.2.2 does; but not quietly
     assert got == [(0, 0, False), (1, 1, False), (3, 3, False), (4, 0, False), (5, 1, False), (7, 3, False)]

@@ -103,7 +103,7 @@ def test_shard_partitions_are_checked(kwargs, message):
 
 def test_shard_partitions_reach_the_plan():
     g = DataGroup(4, Sharded(range(16)), loader_arrays=ARRAYS, shuffle_later="shardwise", shard_partitions=2)
-    assert g.shard_partitions == 2 and g._plan().shard_partitions == 2
-    assert g._plan().shard_sizes == (5, 3, 8)
+    assert g.shard_partitions == 2 and g.plan.shard_partitions == 2
+    assert g.plan.shard_sizes == (5, 3, 8)
     assert DataGroup(4, range(16), loader_arrays=ARRAYS).shard_partitions == 1
-    assert DataGroup(4, range(16), loader_arrays=ARRAYS, shard_partitions=1)._plan().shard_partitions == 1
+    assert DataGroup(4, range(16), loader_arrays=ARRAYS, shard_partitions=1).plan.shard_partitions == 1

@@ -123,7 +123,7 @@ def test_processes_share_every_batch_of_uneven_shards(shards, processes):
 def test_hosts_with_partitions_load_the_single_process_run_from_their_own_shards(shards):
     """Two hosts, two partitions: together they load the single-process run, each mostly from its own shards."""
     reference = run(shards, shard_partitions=2, loader_count=1)
-    plan = group_of(shards, shard_partitions=2)._plan()
+    plan = group_of(shards, shard_partitions=2).plan
     batches = sum(SIZES) // 4
     assert [list(batch_items(item_order(plan, b[0] // batches), 4, b[0] % batches)) for b in reference] == [b[1] for b in reference]
     for start, loaders in (((0, 0), 2), ((1, 5), 1)):  # a run resumes exactly with a different host count

@@ -1,0 +1,119 @@
+"""Read-ahead announcements: telling data that reads ahead which batches come next.
+
+The schedule is known in advance, so data objects that read ahead (those with ``prefetch`` and
+``release`` methods, as :class:`hydrax.shards.ShardSet` has) hear of each batch's items some
+batches before it is loaded, and of its end once it is. :class:`Announcer` walks the schedule
+for the pipeline, keeping a queue of the next steps: each step is announced when it enters the
+queue, and the pipeline takes steps from its front to load them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Iterable, Iterator
+
+from .inflight import InFlight
+from .run import RunGroups
+from .schedule import Step
+
+log = logging.getLogger("hydrax.pipeline")
+
+#: The most batches announced to data that reads ahead, beyond those being loaded.
+MAX_LOOKAHEAD = 512
+
+
+def reads_ahead(data: object) -> bool:
+    """Whether ``data`` wants to hear of upcoming batches (it has ``prefetch`` and ``release``)."""
+    return callable(getattr(data, "prefetch", None)) and callable(getattr(data, "release", None))
+
+
+class Announcer:
+    """The next steps of the schedule, each announced to its group's data when it is queued.
+
+    Announcing starts only with :meth:`start`: read-ahead may start threads, and a worker forked
+    after that must not inherit them. Steps taken before are announced then.
+
+    :param depth: the run's slots: at least that many batches are announced ahead.
+    """
+
+    def __init__(self, steps: Iterator[Step], groups: RunGroups, depth: int) -> None:
+        self._steps = steps
+        self._groups = groups
+        self._readers = {run.index: run.group.data for run in groups if reads_ahead(run.group.data)}
+        self._ahead: deque[tuple[Step, int | None]] = deque()
+        self._lookahead = self._batches_ahead(depth)
+        self._announcing = False
+        self._last_key = 0
+        self._announced: dict[int, int] = {}  # prefetch key -> group index
+
+    def _batches_ahead(self, depth: int) -> int:
+        if not self._readers:
+            return 0
+        wanted = [-(-int(getattr(data, "prefetch_items", 0) or 0) // max(1, self._groups[g].plan.local_batch_size))
+                  for g, data in self._readers.items()]
+        return max(depth, min(MAX_LOOKAHEAD, max(wanted)))
+
+    def take(self) -> tuple[Step, int | None] | None:
+        """The next step of the schedule and its announcement's key (None when not announced), or
+        None at the end of the run."""
+        if not self._ahead and not self._queue_next():
+            return None
+        return self._ahead.popleft()
+
+    def top_up(self) -> None:
+        """Announce more steps once a quarter of the look-ahead has been taken: in bursts, so that
+        read-ahead can coalesce the samples of many batches into one request."""
+        if self._announcing and len(self._ahead) <= self._lookahead - max(1, self._lookahead // 4):
+            while len(self._ahead) < self._lookahead and self._queue_next():
+                pass
+
+    def start(self, taken: Iterable[InFlight]) -> None:
+        """Start announcing: first the batches ``taken`` before (loading already), then the queue."""
+        if not self._readers:
+            return
+        self._announcing = True
+        for record in taken:
+            if record.prefetch_key is None:
+                record.prefetch_key = self._announce(record.step)
+        self._ahead = deque((step, key if key is not None else self._announce(step)) for step, key in self._ahead)
+        self.top_up()
+
+    def release(self, key: int | None) -> None:
+        """The batch announced under ``key`` is loaded (or will not be): its data may let go of it."""
+        group = self._announced.pop(key, None) if key is not None else None
+        if group is not None:
+            try:
+                self._readers[group].release(key)
+            except Exception:
+                log.warning("[hydrax] read-ahead failed to release batch %d; loading goes on:", key, exc_info=True)
+
+    def close(self) -> None:
+        """Release every batch still announced."""
+        for key in list(self._announced):
+            self.release(key)
+
+    def _queue_next(self) -> bool:
+        try:
+            step = next(self._steps)
+        except StopIteration:
+            return False
+        self._ahead.append((step, self._announce(step)))
+        return True
+
+    def _announce(self, step: Step) -> int | None:
+        if not self._announcing:
+            return None
+        run = self._groups.of(step)
+        data = self._readers.get(run.index)
+        if data is None:
+            return None
+        self._last_key += 1
+        key = self._last_key
+        try:
+            data.prefetch(key, run.items(step), run.read_order(step))
+        except Exception:  # read-ahead is an optimisation: the workers still read what they need
+            log.warning("[hydrax] read-ahead failed; loading goes on without it:", exc_info=True)
+            return None
+        self._announced[key] = run.index
+        return key

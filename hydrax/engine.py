@@ -1,0 +1,122 @@
+"""The machinery of one running Dataloader, started together and stopped together, in order.
+
+A run needs an arena (the shared memory of its batch slots), a pool of worker processes, the
+pipeline thread, the cache's writer threads and, with several processes, the agreement with the
+others. :class:`Engine` builds them from the run's plan, groups and policy when the ``with``
+block is entered, and takes them down when it is left, however the run ended: the workers are
+told to stop and then ended, the queued cache files are written, and the arena goes when the
+last batch that views it does.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from .arena import Arena
+from .cache import CacheWriter, RunCache
+from .hosts import HostAgreement, distributed_client
+from .pipeline import Pipeline
+from .processes import start_method, warm_forkserver
+from .run import RunGroups, RunPolicy
+from .schedule import Plan, iter_steps
+from .workers import GroupSpec, WorkerConfig, WorkerPool
+
+
+@dataclass(frozen=True)
+class RunFunctions:
+    """The user's functions of a run (see :class:`~hydrax.Dataloader`)."""
+
+    loader_func: Callable
+    startup_func: Callable | None = None
+    placement_func: Callable | None = None
+
+    def modules(self) -> list[str | None]:
+        """The modules the worker functions come from: the fork server imports them ahead."""
+        return [getattr(f, "__module__", None) for f in (self.loader_func, self.startup_func)]
+
+
+class Engine:
+    """The arena, workers, pipeline, cache writers and host agreement of one run.
+
+    Nothing starts before :meth:`start`; :meth:`close` takes everything down and may be called
+    after a partial start.
+    """
+
+    def __init__(self, plan: Plan, groups: RunGroups, policy: RunPolicy, functions: RunFunctions) -> None:
+        self._plan = plan
+        self._groups = groups
+        self._policy = policy
+        self._functions = functions
+        self.arena: Arena | None = None
+        self.pool: WorkerPool | None = None
+        self.pipeline: Pipeline | None = None
+        self.agreement: HostAgreement | None = None
+        self.cache: RunCache | None = None
+        #: How the workers start: ``"fork"`` or ``"forkserver"`` (see :func:`hydrax.processes.start_method`).
+        self.method: str | None = None
+
+    def start(self) -> None:
+        """Start the run: the first tasks are queued before the workers exist, so the first workers
+        start loading while the others are still starting."""
+        policy = self._policy
+        groups = list(self._groups)
+        self.arena = Arena(policy.depth, max(run.layout.size for run in groups), policy.loader_count)
+        config = WorkerConfig(
+            self._functions.loader_func, self._functions.startup_func, policy.loader_nice,
+            [GroupSpec(run.group.data, run.plan, run.layout.item_places(), run.training) for run in groups],
+            self.arena.spec(), skip_failed_items=policy.on_item_error == "skip_item",
+            log_level=logging.getLogger("hydrax").getEffectiveLevel(),
+        )
+        self.method = start_method()
+        self.pool = WorkerPool(self.method)
+        self.cache = RunCache(CacheWriter(policy.cacher_count, policy.depth) if policy.cacher_count else None)
+        self.agreement = self._agreement()
+        self.pipeline = Pipeline(steps=iter_steps(self._plan), groups=self._groups, policy=policy, arena=self.arena,
+                                 pool=self.pool, cache=self.cache, placement_func=self._functions.placement_func,
+                                 agreement=self.agreement)
+        self.pipeline.prefill()
+        # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
+        # TypeError) here, naming the part and what to do.
+        if policy.loader_count:
+            self.pool.start(policy.loader_count, config, self.arena.handle(), self._functions.modules())
+        self.arena.close_fd()
+        self.pipeline.start()
+        if self.agreement is not None:
+            self.agreement.start()
+
+    def _agreement(self) -> HostAgreement | None:
+        if self._policy.process_count <= 1:
+            return None
+        client = distributed_client()
+        if client is None:
+            return None
+        # only a group with loader and cache arrays hands a batch out either uncached or cached
+        explicit = any(run.cache is not None and not run.cache.direct and not run.cache.loaderless for run in self._groups)
+        return HostAgreement(client, self._policy.process_index, self._policy.process_count, compare_forms=explicit)
+
+    def close(self) -> None:
+        """Stop everything that was started, in order."""
+        if self.pipeline is not None:
+            self.pipeline.stop()
+        if self.agreement is not None:
+            self.agreement.stop()
+        if self.pool is not None:
+            if self.arena is not None:
+                self.arena.stop_workers(len(self.pool.processes))  # queued tasks are skipped
+            self.pool.close(grace=0.5)
+            self.pool = None
+        if self.cache is not None:
+            self.cache.close()  # the queued batch files are finished, not lost
+            self.cache = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+
+def warm_up(functions: RunFunctions) -> None:
+    """Start the fork server now when the run will need it, importing the loader's module (never
+    the main one) in the background until the run is entered."""
+    if start_method() == "forkserver":
+        warm_forkserver(functions.modules())
