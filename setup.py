@@ -7,6 +7,8 @@ from setuptools import Extension, setup
 extensions = [
     Extension(
         "hydrax._core",
+        # _core.pyx includes the _*.pxi files next to it; cythonize finds them there and
+        # recompiles when one changes, so they are not sources of their own.
         ["hydrax/_core.pyx"],
         include_dirs=[numpy.get_include()],
         extra_compile_args=["-O3"],

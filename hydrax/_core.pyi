@@ -1,4 +1,4 @@
-"""Type stubs for the compiled kernels in ``_core.pyx`` (see that file for what each does)."""
+"""Type stubs for the compiled kernels in ``_core.pyx`` (see that file, and the ``.pxi`` files it includes, for what each does)."""
 
 from typing import Any, Callable
 

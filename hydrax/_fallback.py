@@ -1,4 +1,4 @@
-"""Readable pure-Python twins of the kernels in ``_core.pyx``: the tests' oracle.
+"""Readable pure-Python twins of the tar kernels of ``_core`` (``_tar.pxi``): the tests' oracle.
 
 Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long as it keeps
 agreeing with its twin here.

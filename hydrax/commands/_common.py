@@ -1,4 +1,4 @@
-"""What the subcommands share: S3 options, progress bars, and reporting failures."""
+"""What the subcommands share: S3 options, progress bars, a look at the first samples, and reporting failures."""
 
 from __future__ import annotations
 
@@ -12,6 +12,26 @@ from ..errors import HydraxError
 
 class CommandError(HydraxError):
     """A failure to report in one line (naming the file or URL) with exit status 1."""
+
+    #: the command's exit status
+    status = 1
+
+
+class UsageError(CommandError):
+    """Options that do not go together, to report in one line with exit status 2."""
+
+    status = 2
+
+
+#: How many samples at the start of the shards ``bench`` and ``serve`` look at before the run: for
+#: an image field, and (serve) for labels that are class numbers, so shards without them fail at once.
+PROBE_SAMPLES = 64
+
+
+def first_samples(dataset) -> list:
+    """The first :data:`PROBE_SAMPLES` samples of ``dataset`` (fewer if it holds fewer); reading
+    them loads the first shard's index now, if the dataset loads indexes lazily."""
+    return [dataset[i] for i in range(min(PROBE_SAMPLES, len(dataset)))]
 
 
 def add_s3_options(parser: argparse.ArgumentParser) -> None:

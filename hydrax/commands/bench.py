@@ -19,14 +19,12 @@ import argparse
 import functools
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import ShardFormatError, WorkerError
-from ._common import add_s3_options, progress, report, shard_options
-
-#: How many samples at the start of the shards are looked at for an image field before the run.
-_PROBE = 64
+from ._common import CommandError, add_s3_options, first_samples, progress, report, shard_options
 
 
 class MissingFieldError(ShardFormatError):
@@ -93,36 +91,59 @@ def load_bytes(sample, arrays, seed) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..shards import ShardSet
-    from ..shards.tarindex import is_image_field
-
     if not args.seconds > 0:
         report("bench", f"--seconds must be more than 0, got {args.seconds}")
         return 2
     try:
-        dataset = ShardSet(args.shards, **shard_options(args))
-        first = [dataset[i] for i in range(min(_PROBE, len(dataset)))]  # loads the first index now, if it loads lazily
-        probed = [sample.fields for sample in first]
-    except (OSError, ShardFormatError, ValueError, NotImplementedError) as exc:
+        dataset = _open_shards(args)
+    except CommandError as exc:
         report("bench", exc)
         return 1
-    if len(dataset) == 0:
-        report("bench", f"the shards {args.shards} hold no samples")
+    loader_func, group = _plan(args, dataset)
+    bar = progress(None, "bench", "item", args.quiet)
+    try:
+        measured = _measure(args, loader_func, group, bar)
+    except (Exception, WorkerError) as exc:
+        # A failing loader ends the measurement with its reason; a loader process that died is
+        # a failure too, not the user's Ctrl+C (WorkerError is a KeyboardInterrupt).
+        bar.close()
+        report("bench", exc)
         return 1
+    bar.close()
+    return _summarize(args, measured)
+
+
+def _open_shards(args: argparse.Namespace):
+    """The ShardSet of ``args.shards``, once its first samples show that there is something to
+    measure; :class:`CommandError` when the shards cannot be read, hold no samples, or (decoding
+    images) hold no image field to decode."""
+    from ..shards import ShardSet
+    from ..shards.tarindex import is_image_field
+
+    try:
+        dataset = ShardSet(args.shards, **shard_options(args))
+        first = first_samples(dataset)
+        probed = [sample.fields for sample in first]
+    except (OSError, ShardFormatError, ValueError, NotImplementedError) as exc:
+        raise CommandError(exc) from None
+    if len(dataset) == 0:
+        raise CommandError(f"the shards {args.shards} hold no samples")
     if args.decode == "image":
         if args.field is not None and args.field not in probed[0]:
-            report("bench", f"no image field {args.field} in sample {first[0].key!r} of {first[0].url} "
-                            f"(it has {sorted(probed[0])}); name one every sample has with --field, or use --decode bytes")
-            return 1
+            raise CommandError(f"no image field {args.field} in sample {first[0].key!r} of {first[0].url} "
+                               f"(it has {sorted(probed[0])}); name one every sample has with --field, or use --decode bytes")
         if args.field is None and not any(is_image_field(name) for fields in probed for name in fields):
-            report("bench", f"no image field in the first {len(first)} samples (sample {first[0].key!r} of {first[0].url} "
-                            f"has {sorted(probed[0])}); name one with --field, or use --decode bytes")
-            return 1
+            raise CommandError(f"no image field in the first {len(first)} samples (sample {first[0].key!r} of {first[0].url} "
+                               f"has {sorted(probed[0])}); name one with --field, or use --decode bytes")
+    return dataset
+
+
+def _plan(args: argparse.Namespace, dataset):
+    """The loader function and DataGroup the options ask for, announced unless ``--quiet``."""
     # JAX loads only once the shards are known to be readable: a bad shard fails at once
     import jax.numpy as jnp
 
     from ..group import DataGroup
-    from ..loader import Dataloader
 
     arrays = {"bytes": ((), np.int64, jnp.int64)}
     if args.decode == "image":
@@ -135,7 +156,28 @@ def run(args: argparse.Namespace) -> int:
     group = DataGroup(min(args.batch_size, len(dataset)), dataset, loader_arrays=arrays, shuffle_later=shuffle)
     if not args.quiet:
         print(f"{len(dataset):,} samples in {len(dataset.urls)} shards; {what}; batch {group.batch_size}, {args.workers} loader processes")
-    bar = progress(None, "bench", "item", args.quiet)
+    return loader_func, group
+
+
+class _Measured(NamedTuple):
+    """What a run measured. The counts start after the first batch (the steady state), which
+    came ``first_batch`` seconds after the start (None if none came)."""
+
+    items: int
+    batches: int
+    size: int  # bytes
+    waited: int  # microseconds the consumer waited for a batch
+    first_batch: float | None
+    elapsed: float  # seconds from the first batch to the last
+    stats: dict
+    dropped: int
+    failed: int
+
+
+def _measure(args: argparse.Namespace, loader_func, group, bar) -> _Measured:
+    """Run the Dataloader for ``--seconds``, showing the rates on ``bar`` as they come."""
+    from ..loader import Dataloader
+
     items = batches = size = 0
     waited = 0
     first_batch = None
@@ -173,30 +215,28 @@ def run(args: argparse.Namespace) -> int:
                     break
             stats = loader.transfer_stats
             dropped, failed = loader.dropped_batches, loader.failed_items
-    except (Exception, WorkerError) as exc:
-        # A failing loader ends the measurement with its reason; a loader process that died is
-        # a failure too, not the user's Ctrl+C (WorkerError is a KeyboardInterrupt).
-        bar.close()
-        report("bench", exc)
-        return 1
     finally:
         if timer is not None:
             timer.cancel()
-    bar.close()
-    elapsed = ended - measured
-    if not items or elapsed <= 0:
-        why = "no batch came" if first_batch is None else "only one batch came"
-        if failed:
-            report("bench", f"{why} in {args.seconds:g} s: failed items {failed:,}, dropped batches {dropped:,} "
+    return _Measured(items, batches, size, waited, first_batch, ended - measured, stats, dropped, failed)
+
+
+def _summarize(args: argparse.Namespace, m: _Measured) -> int:
+    """Print the summary of a run, or why there is none; the exit status."""
+    if not m.items or m.elapsed <= 0:
+        why = "no batch came" if m.first_batch is None else "only one batch came"
+        if m.failed:
+            report("bench", f"{why} in {args.seconds:g} s: failed items {m.failed:,}, dropped batches {m.dropped:,} "
                             "(their errors are above)")
         else:
             report("bench", f"{why} in {args.seconds:g} s: the first batches took longer to load; raise --seconds")
         return 1
-    print(f"items/s {items / elapsed:,.0f}  MB/s {size / elapsed / 1e6:,.1f}  batches/s {batches / elapsed:,.1f}  "
-          f"waited {waited / 1e6 / elapsed:.0%}  first batch {first_batch:.3f} s  "
-          f"({items:,} items in {elapsed:.1f} s after the first batch; {stats['aliased_batches']} batches without a copy)")
-    if dropped or failed:
-        print(f"failed items {failed:,}, dropped batches {dropped:,} (their errors are above)")
+    elapsed = m.elapsed
+    print(f"items/s {m.items / elapsed:,.0f}  MB/s {m.size / elapsed / 1e6:,.1f}  batches/s {m.batches / elapsed:,.1f}  "
+          f"waited {m.waited / 1e6 / elapsed:.0%}  first batch {m.first_batch:.3f} s  "
+          f"({m.items:,} items in {elapsed:.1f} s after the first batch; {m.stats['aliased_batches']} batches without a copy)")
+    if m.dropped or m.failed:
+        print(f"failed items {m.failed:,}, dropped batches {m.dropped:,} (their errors are above)")
     return 0
 
 

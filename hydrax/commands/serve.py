@@ -49,8 +49,8 @@ import time
 import numpy as np
 
 from ..errors import ShardFormatError, WorkerError
-from ._common import add_s3_options, report, shard_options
-from .bench import _PROBE, MissingFieldError, load_image
+from ._common import CommandError, UsageError, add_s3_options, first_samples, report, shard_options
+from .bench import MissingFieldError, load_image
 
 #: The names the two arrays travel under (tenbin infos).
 ARRAYS = ("image", "label")
@@ -275,65 +275,86 @@ class _Stoppable:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        shards, urls, endpoints = _check_arguments(args)
+        dataset, label_fields = _open_shards(args, shards)
+    except CommandError as exc:  # UsageError included
+        report("serve", exc)
+        return exc.status
+    loader, batch = _make_loader(args, dataset, label_fields)
+    mode, options = _mode(args, dataset)
+    epochs = f"{args.epochs} epoch{'s' * (args.epochs != 1)}" if args.epochs else "epochs"
+    until = "" if args.epochs else " until Ctrl+C"
+    print(f"serving {len(dataset):,} samples of {len(dataset.urls)} shards on {', '.join(e.url for e in endpoints)} "
+          f"({mode}): {epochs} of {loader.batches_per_epoch:,} batches{until}, "
+          f"image uint8 ({batch}, {args.size}, {args.size}, 3), label int32 ({batch},)", flush=True)
+    return _serve(args, loader, urls, options)
+
+
+def _check_arguments(args: argparse.Namespace) -> tuple[list[str], list[str], list]:
+    """The shards, the ZeroMQ URLs and their endpoints; :class:`UsageError` for numbers out of
+    range and options that do not go together, :class:`CommandError` for URLs that cannot serve."""
     from ..serve.urls import parse_urls
-    from ..shards import ShardSet
-    from ..shards.stats import LABEL_FIELDS
-    from ..shards.tarindex import is_image_field
 
     for name in ("batch_size", "size", "workers", "depth"):
         if getattr(args, name) < 1:
-            report("serve", f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-            return 2
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.epochs < 0 or args.timeout < 0 or args.report < 0:
-        report("serve", "--epochs, --timeout and --report cannot be negative")
-        return 2
+        raise UsageError("--epochs, --timeout and --report cannot be negative")
     try:
         shards, urls = split_inputs(args.inputs, args.url)
         endpoints = parse_urls(urls)
     except ValueError as exc:
-        report("serve", exc)
-        return 1
+        raise CommandError(exc) from None
     if not endpoints[0].sends:
-        report("serve", f"{endpoints[0].url} receives: to send, use zpub://, zrpush://, zpush:// or zrpub://")
-        return 1
+        raise CommandError(f"{endpoints[0].url} receives: to send, use zpub://, zrpush://, zpush:// or zrpub://")
     problem = check_mode(args, endpoints)
     if problem is not None:
-        report("serve", problem[0])
-        return problem[1]
+        message, status = problem
+        raise UsageError(message) if status == 2 else CommandError(message)
+    return shards, urls, endpoints
+
+
+def _open_shards(args: argparse.Namespace, shards: list[str]):
+    """The ShardSet of ``shards`` and the label fields to read, once its first samples show that
+    they hold what will be served; :class:`CommandError` when they cannot be read, hold no
+    samples, or lack the image or label fields (or a label is not a class number)."""
+    from ..shards import ShardSet
+    from ..shards.stats import LABEL_FIELDS
+    from ..shards.tarindex import is_image_field
+
     label_fields = (args.label_field,) if args.label_field else LABEL_FIELDS
     try:
         dataset = ShardSet(shards, **shard_options(args))
-        first = [dataset[i] for i in range(min(_PROBE, len(dataset)))]
+        first = first_samples(dataset)
     except (OSError, ShardFormatError, ValueError, NotImplementedError, ImportError) as exc:
-        report("serve", exc)
-        return 1
+        raise CommandError(exc) from None
     if not first:
-        report("serve", f"the shards {' '.join(shards)} hold no samples")
-        return 1
+        raise CommandError(f"the shards {' '.join(shards)} hold no samples")
     sample = first[0]
     if args.field is not None and args.field not in sample.fields:
-        report("serve", f"{sample.url}: sample {sample.key!r} has no field {args.field!r} (it has {sorted(sample.fields)})")
-        return 1
+        raise CommandError(f"{sample.url}: sample {sample.key!r} has no field {args.field!r} (it has {sorted(sample.fields)})")
     if args.field is None and not any(is_image_field(name) for s in first for name in s.fields):
-        report("serve", f"no image field in the first {len(first)} samples ({sample.url}: sample {sample.key!r} has "
-                        f"{sorted(sample.fields)}); name one with --field")
-        return 1
+        raise CommandError(f"no image field in the first {len(first)} samples ({sample.url}: sample {sample.key!r} has "
+                           f"{sorted(sample.fields)}); name one with --field")
     if not any(name in sample.fields for name in label_fields):
-        report("serve", f"{sample.url}: sample {sample.key!r} has no label field {' or '.join(label_fields)} "
-                        f"(it has {sorted(sample.fields)}); name one with --label-field")
-        return 1
+        raise CommandError(f"{sample.url}: sample {sample.key!r} has no label field {' or '.join(label_fields)} "
+                           f"(it has {sorted(sample.fields)}); name one with --label-field")
     try:
         for sample in first:  # labels that are words, not class numbers, fail here rather than in a worker
             sample_label(sample, label_fields)
     except ShardFormatError as exc:
-        report("serve", exc)
-        return 1
+        raise CommandError(exc) from None
+    return dataset, label_fields
+
+
+def _make_loader(args: argparse.Namespace, dataset, label_fields: tuple[str, ...]):
+    """The Dataloader of the run, and its batch size."""
     # JAX loads only once the shards are known to be readable: a bad shard fails at once
     import jax.numpy as jnp
 
     from ..group import DataGroup
     from ..loader import Dataloader
-    from ..serve import serve
 
     arrays = {"image": ((args.size, args.size, 3), np.uint8, jnp.uint8), "label": ((), np.int32, jnp.int32)}
     shuffle = {"shardwise": "shardwise", "itemwise": "itemwise", "none": "repeat"}[args.shuffle]
@@ -341,24 +362,29 @@ def run(args: argparse.Namespace) -> int:
                       shuffle_first=args.shuffle == "itemwise", shuffle_later=shuffle)
     loader = Dataloader(functools.partial(load_image_label, args.field, args.size, label_fields), group,
                         loader_count=args.workers, depth=args.depth, end_at=("epoch", args.epochs) if args.epochs else None)
-    batch = group.batch_size
-    epochs = f"{args.epochs} epoch{'s' * (args.epochs != 1)}" if args.epochs else "epochs"
-    until = "" if args.epochs else " until Ctrl+C"
+    return loader, group.batch_size
+
+
+def _mode(args: argparse.Namespace, dataset) -> tuple[str, dict]:
+    """The mode of the run in words, and :func:`hydrax.serve.serve`'s keywords for it."""
     if args.share is None:
-        mode, options = f"{args.protocol} protocol", {"protocol": args.protocol, "topic": args.topic, "hwm": args.hwm,
-                                                     "subscribers": args.subscribers, "report": args.report,
-                                                     "shared_memory": args.shared_memory or None}
-    else:
-        index, count = args.share
-        # what the schedule cannot see: which data, and how each sample becomes arrays
-        data = hashlib.sha256("\n".join(dataset.urls).encode()).hexdigest()[:12]
-        fingerprint = f"data {data} size {args.size} field {args.field} label {args.label_field}"
-        mode, options = f"reliable mode, share {index}/{count}", {"share": args.share, "fingerprint": fingerprint}
-        if count > 1:
-            mode += f": batches {index}, {index + count}, {index + 2 * count}, ... of the run"
-    print(f"serving {len(dataset):,} samples of {len(dataset.urls)} shards on {', '.join(e.url for e in endpoints)} "
-          f"({mode}): {epochs} of {loader.batches_per_epoch:,} batches{until}, "
-          f"image uint8 ({batch}, {args.size}, {args.size}, 3), label int32 ({batch},)", flush=True)
+        return f"{args.protocol} protocol", {"protocol": args.protocol, "topic": args.topic, "hwm": args.hwm,
+                                             "subscribers": args.subscribers, "report": args.report,
+                                             "shared_memory": args.shared_memory or None}
+    index, count = args.share
+    # what the schedule cannot see: which data, and how each sample becomes arrays
+    data = hashlib.sha256("\n".join(dataset.urls).encode()).hexdigest()[:12]
+    fingerprint = f"data {data} size {args.size} field {args.field} label {args.label_field}"
+    mode = f"reliable mode, share {index}/{count}"
+    if count > 1:
+        mode += f": batches {index}, {index + count}, {index + 2 * count}, ... of the run"
+    return mode, {"share": args.share, "fingerprint": fingerprint}
+
+
+def _serve(args: argparse.Namespace, loader, urls: list[str], options: dict) -> int:
+    """Serve the loader's batches until the epochs are sent, a failure or Ctrl+C; the exit status."""
+    from ..serve import serve
+
     _no_fork_server()
     stoppable = _Stoppable(loader, share=args.share, report=args.report)
     handler = _report_handler() if args.report and args.share is None else None

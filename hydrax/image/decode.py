@@ -25,10 +25,11 @@ import zlib
 from typing import Any
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from .. import _core
 from ..errors import ImageError, ProfileError
-from .srgb import _check_convert
+from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
 #: Orientation tag values that swap width and height (EXIF 5-8).
@@ -40,6 +41,11 @@ _ORIENTATION_TAG = 0x0112
 # trips over (a short struct, a bad zlib stream, an index past a table...).
 _DAMAGED = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
             OverflowError, struct.error, zlib.error)
+#: What Pillow raises for image data it cannot read, each worded by :func:`pillow_error_message`:
+#: ``UnidentifiedImageError`` (an OSError) for data no format recognises, ``DecompressionBombError``
+#: for an image over the pixel limit, and for damaged data OSError or whatever else the format's
+#: parser trips over.
+PILLOW_ERRORS = (Image.DecompressionBombError, *_DAMAGED)
 # Pillow names the file object it read in its messages, which says nothing to the reader.
 _OBJECT_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
@@ -68,6 +74,24 @@ def _pillow_reason(exc: BaseException) -> str:
     if not text or not isinstance(exc, (OSError, ValueError, SyntaxError)):
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return text
+
+
+def pillow_error_message(exc: BaseException, *, damaged: str = "truncated or corrupt image",
+                         formats: list[str] | tuple[str, ...] | None = None, unidentified_reason: bool = True) -> str:
+    """hydrax's words for ``exc``, one of :data:`PILLOW_ERRORS`, which Pillow raised reading an image.
+
+    Data no format recognises is "not an image Pillow can read" (``as FORMATS`` when only
+    ``formats`` were tried), followed by Pillow's reason unless ``unidentified_reason`` is false;
+    an image over the pixel limit is Pillow's message and how to raise the limit; anything else is
+    damaged data: ``damaged``, then Pillow's reason. The image is not named: callers put its name
+    (if any) first.
+    """
+    if isinstance(exc, UnidentifiedImageError):
+        words = f"not an image Pillow can read{'' if formats is None else f' as {formats}'}"
+        return f"{words}: {_pillow_reason(exc)}" if unidentified_reason else words
+    if isinstance(exc, Image.DecompressionBombError):
+        return f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)"
+    return f"{damaged}: {_pillow_reason(exc)}"
 
 
 def _mix(seed: int, stream: int) -> int:
@@ -123,26 +147,17 @@ def flips(seed: int) -> bool:
 
 
 def _open(data: Any, formats, name: str):
-    from PIL import Image, UnidentifiedImageError
-
     source = data if hasattr(data, "read") else io.BytesIO(data)
     try:
         image = Image.open(source, formats=formats)
-    except UnidentifiedImageError as exc:
-        raise ImageError(f"{name}: not an image Pillow can read{'' if formats is None else f' as {formats}'}: "
-                         f"{_pillow_reason(exc)}") from None
-    except Image.DecompressionBombError as exc:
-        raise ImageError(f"{name}: {exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
-    except _DAMAGED as exc:  # a format was recognised, then its header did not parse
-        raise ImageError(f"{name}: truncated or corrupt image: {_pillow_reason(exc)}") from None
+    except PILLOW_ERRORS as exc:  # no format recognised, too large, or recognised and then its header did not parse
+        raise ImageError(f"{name}: {pillow_error_message(exc, formats=formats)}") from None
     if min(image.size) < 1:
         raise ImageError(f"{name}: the {image.format} image has no pixels (its size is {image.size[0]}x{image.size[1]})")
     return image
 
 
 def _load(image, name: str) -> None:
-    from PIL import Image
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -179,8 +194,6 @@ def _to_8bit(image):
 
 
 def _from_array(array: np.ndarray):
-    from PIL import Image
-
     return Image.fromarray(array)
 
 
@@ -226,11 +239,30 @@ def decode_into(
     :raises ImageError: for data that is not a readable image, or too large (see
         :func:`hydrax.image.set_max_image_pixels`); the message starts with ``data``'s path, or ``bytes of length N``.
     """
+    chw, channels, out_h, out_w, intent, flags = _check_arguments(out, layout, size, crop, flip, seed, space, coefs,
+                                                                  convert, bad_profile)
+    image = _open_upright(data, formats, out_h, out_w, size)
+    box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
+    filter_ = Image.Resampling.BILINEAR if resample is None else resample
+    profile = image.info.get("icc_profile")
+    resized = image.resize((out_w, out_h), filter_, box=box)
+    if flip and flips(seed):
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    transform = transform_for(profile, resized.mode, space, bad_profile=bad_profile)
+    if transform.lcms:
+        resized = _littlecms(resized, profile, intent, flags, bad_profile)
+    _write(resized, transform, out, chw, channels, coefs)
+
+
+def _check_arguments(out: np.ndarray, layout: str, size: int | None, crop: str, flip: bool, seed: int | None, space: str,
+                     coefs, convert: tuple, bad_profile: str) -> tuple[bool, int, int, int, int, int]:
+    """Refuse :func:`decode_into`'s arguments before any decoding when they do not go together;
+    else ``(chw, channels, out_h, out_w, intent, flags)``."""
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be 'hwc' or 'chw', got {layout!r}")
     if bad_profile not in ("raise", "warn"):
         raise ValueError(f"bad_profile must be 'raise' or 'warn', got {bad_profile!r}")
-    intent, flags = _check_convert(convert)
+    intent, flags = intent_and_flags(convert)
     if crop not in _CROPS:
         raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
     if size is not None and int(size) < 1:
@@ -247,8 +279,12 @@ def decode_into(
         raise TypeError(f"out must be uint8, float16 or float32, got {out.dtype}")
     if space == "oklab" and (out.dtype == np.uint8 or coefs is not None):
         raise ValueError("Oklab output must be float16 or float32, without coefs")
-    from PIL import Image
+    return chw, channels, out_h, out_w, intent, flags
 
+
+def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None):
+    """``data`` decoded, turned as its EXIF orientation says, in a mode the kernel reads (its ICC
+    profile kept). A JPEG at least twice the size needed is scaled down in the DCT domain as it decodes."""
     name = _describe(data)
     image = _open(data, formats, name)
     orientation = _orientation(image)
@@ -270,17 +306,7 @@ def decode_into(
             raise ImageError(f"{name}: its EXIF orientation {orientation!r} cannot be applied: {_pillow_reason(exc)}") from None
         if profile:
             image.info["icc_profile"] = profile
-    image = _to_8bit(image)
-    box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
-    filter_ = Image.Resampling.BILINEAR if resample is None else resample
-    profile = image.info.get("icc_profile")
-    resized = image.resize((out_w, out_h), filter_, box=box)
-    if flip and flips(seed):
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    transform = transform_for(profile, resized.mode, space, bad_profile=bad_profile)
-    if transform.lcms:
-        resized = _littlecms(resized, profile, intent, flags, bad_profile)
-    _write(resized, transform, out, chw, channels, coefs)
+    return _to_8bit(image)
 
 
 def _orientation(image) -> int | None:
@@ -292,11 +318,9 @@ def _orientation(image) -> int | None:
 
 def _littlecms(image, profile: bytes, intent: int, flags: int, bad_profile: str):
     """``image`` converted to sRGB by LittleCMS (gray, CMYK and lookup-table profiles)."""
-    from .srgb import _convert_with_profile
-
     mode = "RGBA" if image.mode in ("LA", "RGBA", "PA") else "RGB"
     try:
-        return _convert_with_profile(image, bytes(profile), mode, intent, flags)
+        return convert_to_srgb(image, bytes(profile), mode, intent, flags)
     except ProfileError as exc:
         if bad_profile != "warn":
             raise
@@ -329,4 +353,4 @@ def _affine(dtype: np.dtype, channels: int, coefs) -> tuple[np.ndarray, np.ndarr
     return (np.asarray(scale, np.float64) * 255.0).astype(np.float32), np.asarray(offset, np.float32)
 
 
-__all__ = ["ImageError", "ProfileError", "crop_box", "decode_into", "flips", "scale_for"]
+__all__ = ["PILLOW_ERRORS", "ImageError", "ProfileError", "crop_box", "decode_into", "flips", "pillow_error_message", "scale_for"]

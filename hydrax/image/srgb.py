@@ -53,7 +53,8 @@ def set_max_image_pixels(threshold: int | None) -> None:
 
 
 @functools.cache
-def _srgb_profile() -> ImageCms.ImageCmsProfile:
+def srgb_profile() -> ImageCms.ImageCmsProfile:
+    """LittleCMS's built-in sRGB profile, the output of every conversion here; built once per process."""
     return ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
@@ -66,7 +67,11 @@ def _describe(profile: ImageCms.ImageCmsProfile) -> str:
 
 
 @functools.lru_cache(maxsize=_TRANSFORM_CACHE_SIZE)
-def _embedded_profile(icc: bytes) -> ImageCms.ImageCmsProfile:
+def read_embedded_profile(icc: bytes) -> ImageCms.ImageCmsProfile:
+    """The profile whose ICC data an image embeds, as LittleCMS reads it (cached per distinct ``icc``).
+
+    :raises ProfileError: if LittleCMS cannot read it.
+    """
     try:
         return ImageCms.ImageCmsProfile(io.BytesIO(icc))
     except (OSError, ImageCms.PyCMSError) as exc:
@@ -90,10 +95,10 @@ def _resolve_intent(profile: ImageCms.ImageCmsProfile, intent: int, flags: int) 
 
 @functools.lru_cache(maxsize=_TRANSFORM_CACHE_SIZE)
 def _to_srgb_transform(icc: bytes, mode_in: str, mode_out: str, intent: int, flags: int) -> ImageCms.ImageCmsTransform:
-    profile = _embedded_profile(icc)
+    profile = read_embedded_profile(icc)
     intent, flags = _resolve_intent(profile, intent, flags)
     try:
-        return ImageCms.buildTransform(profile, _srgb_profile(), mode_in, mode_out, intent, flags)
+        return ImageCms.buildTransform(profile, srgb_profile(), mode_in, mode_out, intent, flags)
     except ImageCms.PyCMSError as exc:
         # The output side is always a supported RGB mode and the intent and flags were checked,
         # so the embedded profile is what does not fit: malformed, or for other data.
@@ -102,7 +107,12 @@ def _to_srgb_transform(icc: bytes, mode_in: str, mode_out: str, intent: int, fla
         ) from exc
 
 
-def _check_convert(convert: tuple[ImageCms.Intent, int]) -> tuple[int, int]:
+def intent_and_flags(convert: tuple[ImageCms.Intent, int]) -> tuple[int, int]:
+    """The rendering intent and LittleCMS flags of ``convert`` (such as :data:`CONVERT_RELATIVE`), as ints.
+
+    :raises ValueError: if the intent is not a ``PIL.ImageCms.Intent`` or the flags are not LittleCMS flags.
+    :raises TypeError: if the flags are not an integer.
+    """
     intent, flags = convert
     intent = ImageCms.Intent(intent)
     flags = operator.index(flags)
@@ -135,8 +145,15 @@ def _cms_output_mode(source_mode: str, mode: str) -> str:
     return "RGBA" if mode in _ALPHA_MODES and source_mode in _ALPHA_MODES else "RGB"
 
 
-def _convert_with_profile(img: Image.Image, icc: bytes, mode: str, intent: int, flags: int) -> Image.Image:
-    source, alpha = _cms_input(img, _embedded_profile(icc))
+def convert_to_srgb(img: Image.Image, icc: bytes, mode: str, intent: int, flags: int) -> Image.Image:
+    """``img``, whose pixels are in the ICC profile ``icc``, converted by LittleCMS to sRGB in mode ``mode``.
+
+    The transform is cached. ``intent`` and ``flags`` are as :func:`intent_and_flags` returns them;
+    an intent the profile does not support gives way to its default (see :func:`open_srgb`).
+
+    :raises ProfileError: if the profile is malformed or does not fit the image.
+    """
+    source, alpha = _cms_input(img, read_embedded_profile(icc))
     cms_mode = _cms_output_mode(source.mode, mode)
     transform = _to_srgb_transform(icc, source.mode, cms_mode, intent, flags)
     if source.mode == cms_mode:
@@ -207,12 +224,12 @@ def open_srgb(
     """
     if bad_profile not in ("raise", "warn"):
         raise ValueError(f"bad_profile must be 'raise' or 'warn', not {bad_profile!r}")
-    intent, flags = _check_convert(convert)
+    intent, flags = intent_and_flags(convert)
     img = Image.open(fp, formats=formats)
     icc = img.info.get("icc_profile")
     if icc:
         try:
-            return _convert_with_profile(img, bytes(icc), mode, intent, flags)
+            return convert_to_srgb(img, bytes(icc), mode, intent, flags)
         except ProfileError as exc:
             if bad_profile == "raise":
                 raise

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import icc
 from .icc import ProfileError
-from .srgb import _embedded_profile, _srgb_profile
+from .srgb import read_embedded_profile, srgb_profile
 from .oklab import M1 as _M1
 from .oklab import M2 as _M2
 from .oklab import srgb_eotf, srgb_oetf
@@ -40,7 +40,7 @@ CACHE_SIZE = 64
 @lru_cache(maxsize=1)
 def _xyz_to_srgb() -> np.ndarray:
     """The inverse of LittleCMS's sRGB colorants (D50 XYZ), read from the very profile it converts to."""
-    model = icc.parse(_srgb_profile().tobytes())
+    model = icc.parse(srgb_profile().tobytes())
     assert model is not None
     return np.linalg.inv(model.matrix)
 
@@ -144,7 +144,7 @@ def _build(profile: bytes | None, mode: str, space: str) -> PixelTransform:
                 return _for_srgb(space)
             matrix = _M1 @ to_srgb if space == "oklab" else to_srgb
             return _kernel(space, tables, matrix, False)
-    _embedded_profile(profile)  # a profile LittleCMS cannot read is reported here, once
+    read_embedded_profile(profile)  # a profile LittleCMS cannot read is reported here, once
     return _for_srgb(space, lcms=True)
 
 

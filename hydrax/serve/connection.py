@@ -178,20 +178,7 @@ class Connection:
                  output: str = "numpy", aligned: bool | None = None, producers: int = 1, subscribers: int = 0,
                  on_bad_message: str = "skip", curve: Curve | None = None, schema: Iterable[Any] | None = None,
                  shared_memory: int | bool | None = None) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        if on_bad_message not in BAD_MESSAGE:
-            raise ValueError(f"on_bad_message must be one of {BAD_MESSAGE}, got {on_bad_message!r}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive seconds or None, got {timeout!r}")
-        if not (isinstance(hwm, int) and hwm >= 1):
-            raise ValueError(f"hwm must be a positive number of messages, got {hwm!r}")
-        if shared_memory not in (None, False) and protocol != "hydrax":
-            raise ValueError("shared_memory needs protocol='hydrax' (tensorcom's consumers cannot read such batches)")
-        if curve is not None and not isinstance(curve, Curve):
-            raise TypeError(f"curve must be a hydrax.serve.Curve, got {type(curve).__name__}")
+        _check_options(protocol, output, on_bad_message, timeout, hwm, shared_memory, curve)
         self.epoch = epoch
         self.total = total
         self.multipart = bool(multipart)
@@ -602,7 +589,38 @@ class Connection:
                 raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
             frames = []
             shared = env.fields.pop("m", None)  # the data is in the producer's ring: only headers follow
-        size = len(head)
+        self._receive_rest(socket, first, frames, len(head), shared)
+        producer = seq = None
+        if env is not None:
+            producer, seq = env.fields.pop("p", None), env.fields.pop("s", None)
+            producer = producer if isinstance(producer, str) else None
+            if producer is not None:
+                self._seen.add(producer)
+            if env.kind in (END, EPOCH_END):
+                return Message(env.kind, topic=env.topic, producer=producer, seq=seq, fields=env.fields)
+            if env.kind == SCHEMA:
+                self._check_schema(env.fields.get("arrays"), f"producer {producer} announces")
+                if producer is not None:
+                    self.schemas[producer] = env.fields.get("arrays")
+                return None
+            if env.kind != DATA:
+                return None  # a kind from a newer hydrax: not ours to act on
+        if shared is not None:
+            frames = self._shared_frames(shared, frames)
+        arrays, infos = self._decode(frames)
+        if self.output == "jax":
+            import jax
+
+            arrays = [jax.device_put(a, self.device) for a in arrays]
+        message = Message(DATA, arrays, list(infos))
+        if env is not None:
+            message.topic, message.producer, message.seq, message.fields = env.topic, producer, seq, env.fields
+        self.stats.add(sum(a.nbytes for a in arrays))
+        return message
+
+    def _receive_rest(self, socket: zmq.Socket, first: zmq.Frame, frames: list, size: int, shared: Any) -> None:
+        """Append the frames of the message that follow ``first`` (``size`` bytes so far) to
+        ``frames``; past ``max_message_bytes`` in all, drain the rest and raise MessageError."""
         more = first.more  # the frame knows: no getsockopt call per frame
         while more:
             header = None
@@ -622,23 +640,9 @@ class Connection:
                 self._drain(socket)
                 raise MessageError(f"message from {self._where()} is over max_message_bytes ({self.max_message_bytes})",
                                    url=self.endpoints[0].url)
-        producer = seq = None
-        if env is not None:
-            producer, seq = env.fields.pop("p", None), env.fields.pop("s", None)
-            producer = producer if isinstance(producer, str) else None
-            if producer is not None:
-                self._seen.add(producer)
-            if env.kind in (END, EPOCH_END):
-                return Message(env.kind, topic=env.topic, producer=producer, seq=seq, fields=env.fields)
-            if env.kind == SCHEMA:
-                self._check_schema(env.fields.get("arrays"), f"producer {producer} announces")
-                if producer is not None:
-                    self.schemas[producer] = env.fields.get("arrays")
-                return None
-            if env.kind != DATA:
-                return None  # a kind from a newer hydrax: not ours to act on
-        if shared is not None:
-            frames = self._shared_frames(shared, frames)
+
+    def _decode(self, frames: list) -> tuple[list, list]:
+        """The arrays of a data message and their names, checked against ``infos`` and the schema."""
         try:
             if len(frames) == 1 and bytes(_frame_buffer(frames[0])[:8]) == b"~TenBin~":
                 arrays, infos = tenbin.decode_buffer(_frame_buffer(frames[0]), infos=True)
@@ -650,15 +654,7 @@ class Connection:
             raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
         if self.schema is not None:
             self._check_schema(schemas.describe(arrays, infos), "a batch holds")
-        if self.output == "jax":
-            import jax
-
-            arrays = [jax.device_put(a, self.device) for a in arrays]
-        message = Message(DATA, arrays, list(infos))
-        if env is not None:
-            message.topic, message.producer, message.seq, message.fields = env.topic, producer, seq, env.fields
-        self.stats.add(sum(a.nbytes for a in arrays))
-        return message
+        return arrays, infos
 
     def _shared_frames(self, shared: Any, headers: list) -> list:
         """``[header, data, ...]`` for a message whose data is in its producer's ring."""
@@ -818,6 +814,25 @@ class Connection:
         except (ServeError, zmq.ZMQError):
             pass
         self.close(linger=FAILING_SECONDS)
+
+
+def _check_options(protocol: str, output: str, on_bad_message: str, timeout: float | None, hwm: int,
+                   shared_memory: int | bool | None, curve: Curve | None) -> None:
+    """Refuse :class:`Connection` options out of range or that do not go together, before any is set."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if on_bad_message not in BAD_MESSAGE:
+        raise ValueError(f"on_bad_message must be one of {BAD_MESSAGE}, got {on_bad_message!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds or None, got {timeout!r}")
+    if not (isinstance(hwm, int) and hwm >= 1):
+        raise ValueError(f"hwm must be a positive number of messages, got {hwm!r}")
+    if shared_memory not in (None, False) and protocol != "hydrax":
+        raise ValueError("shared_memory needs protocol='hydrax' (tensorcom's consumers cannot read such batches)")
+    if curve is not None and not isinstance(curve, Curve):
+        raise TypeError(f"curve must be a hydrax.serve.Curve, got {type(curve).__name__}")
 
 
 def _listify(x: Any) -> list | None:

@@ -111,10 +111,17 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
                             fingerprint=fingerprint)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
                             curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes, shared_memory=shared_memory)
+    return _serve_plain(dataloader, connection, arrays=arrays, hydrax=protocol == "hydrax", topic=topic,
+                        validation_topic=validation_topic, items=items, report=report)
+
+
+def _serve_plain(dataloader: Any, connection: Connection, *, arrays: Iterable[str] | None, hydrax: bool, topic: str,
+                 validation_topic: str, items: bool, report: float) -> ServeReport:
+    """:func:`serve` without ``share``: every batch to ``connection``, with the epoch markers of
+    the hydrax protocol when ``hydrax``."""
     enter = getattr(dataloader, "__enter__", None)
     result = ServeReport()
     start = last_report = time.monotonic()
-    hydrax = protocol == "hydrax"
     try:
         with connection:
             context = dataloader if enter is not None else contextlib.nullcontext(dataloader)

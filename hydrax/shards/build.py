@@ -405,6 +405,60 @@ def _field_name(name: str, what: str, origin: str) -> str:
     return field_name
 
 
+def _manifest_rows(path: str, kind: str) -> tuple[list[str], list[tuple[str, dict[str, Any]]]]:
+    """The columns and the rows (each with where it comes from) of a manifest of ``kind``; at least
+    one row, and no column named twice."""
+    if kind in ("csv", "tsv"):
+        columns, rows = _csv_rows(path, "," if kind == "csv" else "\t")
+    elif kind == "jsonl":
+        columns, rows = _jsonl_rows(path)
+    else:
+        columns, rows = _parquet_rows(path)
+    if not rows:
+        raise BuildError(f"{path}: holds no rows")
+    if len(set(columns)) != len(columns):
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        raise BuildError(f"{path}: names the column {repeated[0]!r} more than once")
+    return columns, rows
+
+
+def _file_columns(path: str, columns: list[str], first_row: tuple[str, dict[str, Any]], root: str, key_column: str | None,
+                  file_columns: Mapping[str, str | None] | Sequence[str] | None) -> dict[str, str | None]:
+    """The file columns, each with its field name (None: each file's extension): those given, or
+    else those whose value in the first row is the path of an existing file with an extension."""
+    if file_columns is None:
+        first_origin, first = first_row
+        chosen: dict[str, str | None] = {}
+        for column in columns:
+            value = first.get(column)
+            if column != key_column and isinstance(value, str) and "." in os.path.basename(value).lstrip(".") \
+                    and os.path.isfile(value if os.path.isabs(value) else os.path.join(root, value)):
+                chosen[column] = None
+        if not chosen:
+            raise BuildError(f"{first_origin}: no column names an existing file (relative to {root}); "
+                             "name the file columns (--file-column)")
+        return chosen
+    chosen = dict(file_columns) if isinstance(file_columns, Mapping) else dict.fromkeys(file_columns)
+    for column in chosen:
+        if column not in columns:
+            raise BuildError(f"{path}: has no column {column!r} (its columns: {', '.join(columns)})")
+        if column == key_column:
+            raise BuildError(f"{path}: the column {column!r} cannot give both files and keys")
+    return chosen
+
+
+def _text_columns(path: str, columns: list[str], chosen: dict[str, str | None], key_column: str | None) -> dict[str, str]:
+    """The text columns, each with its field name, once no two columns (file columns with a
+    field name included) give the same field."""
+    fixed = {c: _field_name(f, "field", path) for c, f in chosen.items() if f is not None}
+    text = {c: _field_name(c, "column", path) for c in columns if c not in chosen and c != key_column}
+    names = list(fixed.values()) + list(text.values())
+    if len(set(names)) != len(names):
+        repeated = min(n for n in names if names.count(n) > 1)
+        raise BuildError(f"{path}: two columns give the field {repeated!r} (field names are lower-cased)")
+    return text
+
+
 def samples_from_manifest(path: str | os.PathLike, *, root: str | os.PathLike | None = None,
                           file_columns: Mapping[str, str | None] | Sequence[str] | None = None,
                           key_column: str | None = None) -> list[SourceSample]:
@@ -423,46 +477,13 @@ def samples_from_manifest(path: str | os.PathLike, *, root: str | os.PathLike | 
     if kind is None:
         raise BuildError(f"{path}: a manifest is .csv, .tsv, .jsonl, .ndjson or .parquet")
     root = os.fspath(root) if root is not None else (os.path.dirname(path) or ".")
-    if kind in ("csv", "tsv"):
-        columns, rows = _csv_rows(path, "," if kind == "csv" else "\t")
-    elif kind == "jsonl":
-        columns, rows = _jsonl_rows(path)
-    else:
-        columns, rows = _parquet_rows(path)
-    if not rows:
-        raise BuildError(f"{path}: holds no rows")
-    if len(set(columns)) != len(columns):
-        repeated = sorted({c for c in columns if columns.count(c) > 1})
-        raise BuildError(f"{path}: names the column {repeated[0]!r} more than once")
+    columns, rows = _manifest_rows(path, kind)
     if key_column is None and "__key__" in columns:
         key_column = "__key__"
     if key_column is not None and key_column not in columns:
         raise BuildError(f"{path}: has no key column {key_column!r} (its columns: {', '.join(columns)})")
-
-    if file_columns is None:
-        first_origin, first = rows[0]
-        chosen: dict[str, str | None] = {}
-        for column in columns:
-            value = first.get(column)
-            if column != key_column and isinstance(value, str) and "." in os.path.basename(value).lstrip(".") \
-                    and os.path.isfile(value if os.path.isabs(value) else os.path.join(root, value)):
-                chosen[column] = None
-        if not chosen:
-            raise BuildError(f"{first_origin}: no column names an existing file (relative to {root}); "
-                             "name the file columns (--file-column)")
-    else:
-        chosen = dict(file_columns) if isinstance(file_columns, Mapping) else dict.fromkeys(file_columns)
-        for column in chosen:
-            if column not in columns:
-                raise BuildError(f"{path}: has no column {column!r} (its columns: {', '.join(columns)})")
-            if column == key_column:
-                raise BuildError(f"{path}: the column {column!r} cannot give both files and keys")
-    fixed = {c: _field_name(f, "field", path) for c, f in chosen.items() if f is not None}
-    text = {c: _field_name(c, "column", path) for c in columns if c not in chosen and c != key_column}
-    names = list(fixed.values()) + list(text.values())
-    if len(set(names)) != len(names):
-        repeated = min(n for n in names if names.count(n) > 1)
-        raise BuildError(f"{path}: two columns give the field {repeated!r} (field names are lower-cased)")
+    chosen = _file_columns(path, columns, rows[0], root, key_column, file_columns)
+    text = _text_columns(path, columns, chosen, key_column)
 
     samples = []
     keys_given: dict[str, str] = {}
@@ -806,6 +827,29 @@ def shuffled(samples: Sequence[SourceSample], seed: int) -> list[SourceSample]:
     return [samples[i] for i in order.tolist()]
 
 
+def _write_samples(writer: ShardWriter, samples: Sequence[SourceSample], workers: int, check_images: bool, skip_bad: bool,
+                   progress: Callable[[int], Any] | None, warn: Callable[[str], Any]) -> tuple[int, int, list[str]]:
+    """Read and write every sample, in order: (samples written, their field bytes, why each
+    skipped sample was skipped)."""
+    written = payload = 0
+    skipped: list[str] = []
+    # closing(): the worker processes stop before the caller's cleanup, not whenever the
+    # generator is collected.
+    with closing(_loaded(samples, workers, check_images)) as loaded_samples:
+        for sample, loaded in loaded_samples:
+            if isinstance(loaded, BuildError):
+                if not skip_bad:
+                    raise loaded
+                skipped.append(str(loaded))
+                warn(f"skipping sample {sample.key!r}: {loaded}")
+            else:
+                payload += writer.write(loaded)
+                written += 1
+            if progress is not None:
+                progress(1)
+    return written, payload, skipped
+
+
 def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int = 100_000, maxsize: float = 3e9,
                  shuffle_seed: int | None = None, workers: int = 1, check_images: bool = False,
                  skip_bad: bool = False, force: bool = False, s3_options: S3Options | StoreOptions | None = None,
@@ -848,22 +892,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
         if shuffle_seed is not None:
             samples = shuffled(samples, shuffle_seed)
         writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish)
-        written = payload = 0
-        skipped: list[str] = []
-        # closing(): the worker processes stop before the cleanup below, not whenever the
-        # generator is collected.
-        with closing(_loaded(samples, workers, check_images)) as loaded_samples:
-            for sample, loaded in loaded_samples:
-                if isinstance(loaded, BuildError):
-                    if not skip_bad:
-                        raise loaded
-                    skipped.append(str(loaded))
-                    warn(f"skipping sample {sample.key!r}: {loaded}")
-                else:
-                    payload += writer.write(loaded)
-                    written += 1
-                if progress is not None:
-                    progress(1)
+        written, payload, skipped = _write_samples(writer, samples, workers, check_images, skip_bad, progress, warn)
         if not written:
             raise BuildError(f"every sample was skipped; nothing written to {pattern}")
         writer.close()

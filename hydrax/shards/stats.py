@@ -57,24 +57,20 @@ def open_rgb(data: Any, *, orient: bool = False):
     :raises hydrax.image.ImageError: for data that is not a readable image, or whose embedded
         ICC profile cannot be used.
     """
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from PIL import ImageOps
 
     from ..image import ImageError, ProfileError, open_srgb
-    from ..image.decode import _DAMAGED, _pillow_reason
+    from ..image.decode import PILLOW_ERRORS, pillow_error_message
 
     try:
         image = open_srgb(io.BytesIO(bytes(data)), mode="RGB")
         image.load()
         if orient:
             image = ImageOps.exif_transpose(image).convert("RGB")
-    except UnidentifiedImageError:
-        raise ImageError("not an image Pillow can read") from None
-    except Image.DecompressionBombError as exc:
-        raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
-    except ProfileError as exc:
+    except ProfileError as exc:  # a ValueError, which PILLOW_ERRORS holds: first
         raise ImageError(f"its ICC profile cannot be used: {exc}") from None
-    except _DAMAGED as exc:
-        raise ImageError(f"truncated or corrupt image: {_pillow_reason(exc)}") from None
+    except PILLOW_ERRORS as exc:
+        raise ImageError(pillow_error_message(exc, unidentified_reason=False)) from None
     return image
 
 
@@ -83,20 +79,16 @@ def image_size(data: Any) -> tuple[int, int]:
 
     :raises hydrax.image.ImageError: for data that is not an image Pillow can read.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     from ..image import ImageError
-    from ..image.decode import _DAMAGED, _pillow_reason
+    from ..image.decode import PILLOW_ERRORS, pillow_error_message
 
     try:
         with Image.open(io.BytesIO(bytes(data))) as image:
             return image.size
-    except UnidentifiedImageError:
-        raise ImageError("not an image Pillow can read") from None
-    except Image.DecompressionBombError as exc:
-        raise ImageError(f"{exc} (raise the limit with hydrax.image.set_max_image_pixels)") from None
-    except _DAMAGED as exc:
-        raise ImageError(f"unreadable image header: {_pillow_reason(exc)}") from None
+    except PILLOW_ERRORS as exc:
+        raise ImageError(pillow_error_message(exc, damaged="unreadable image header", unidentified_reason=False)) from None
 
 
 class ChannelMoments:
