@@ -1,17 +1,17 @@
-# hydrax: make demo | make test | make fuzz | make bench | make docs
+# hydrax: make demo | make test | make test-all | make fuzz | make bench | make docs
 # Each target creates .venv with the interpreter in $(PYTHON) when it is missing.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydrax-installed
 
-.PHONY: demo test lint fuzz bench docs clean
+.PHONY: demo test test-all lint fuzz bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx
+$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydrax/*.pxi)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	# tensorcom 0.1.0, for the interoperability tests: its declared torch and webdataset are
 	# not needed by the modules the tests use (tenbin and zcom import numpy, pyzmq, braceexpand)
@@ -21,18 +21,25 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx
 demo: $(STAMP)
 	$(BIN)/python -m hydrax.demo
 
+# The fast tier (about 2.5 minutes on 2 cores): every test without a tier mark (pyproject.toml
+# lists them: slow, fuzz, multiprocess, wheel)
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not fuzz and not multiprocess and not wheel"
+
+# Every test (about 9 minutes on 2 cores); CI runs this one
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check hydrax tests tools
 
-# The mutation fuzzers at length (make test runs a few hundred mutants each)
+# The mutation fuzzers at length (make test-all runs a few hundred mutants each, make test none);
+# no -m here, so the fuzz mark selects nothing away
 fuzz: $(STAMP)
 	HYDRAX_FUZZ=100000 $(BIN)/python -m pytest -q tests/test_fuzz_*.py
 
 bench: $(STAMP)
-	$(BIN)/python tools/bench_loader.py
+	$(BIN)/python tools/bench/bench_loader.py
 
 docs: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'

@@ -500,7 +500,7 @@ def open_group_cache(group: DataGroup, plan: GroupPlan, process_index: int = 0, 
                       group.loader_layouts is None)
 
 
-def check_cache_arrays(arrays: Any, layouts: Mapping[str, tuple]) -> None:
+def check_cache_arrays(arrays: Any, layouts: Mapping[str, ArrayLayout]) -> None:
     """What :meth:`hydrax.Batch.cache` requires of ``arrays``, with 0.2.2's messages: a dict with
     every cache array, each a ``jax.Array`` of the layout's exact shape and JAX dtype, and no
     other names."""
@@ -517,10 +517,10 @@ def check_cache_arrays(arrays: Any, layouts: Mapping[str, tuple]) -> None:
         expected = layouts.get(name)
         if expected is None:
             raise ValueError(f"array '{name}' has unexpected name")
-        if tuple(expected[0]) != tuple(array.shape):
-            raise ValueError(f"array '{name}' has shape {tuple(array.shape)}, not {tuple(expected[0])}")
-        if expected[2] != array.dtype:
-            raise ValueError(f"array '{name}' has dtype {array.dtype}, not {expected[2]}")
+        if tuple(expected.shape) != tuple(array.shape):
+            raise ValueError(f"array '{name}' has shape {tuple(array.shape)}, not {tuple(expected.shape)}")
+        if expected.jax_dtype != array.dtype:
+            raise ValueError(f"array '{name}' has dtype {array.dtype}, not {expected.jax_dtype}")
 
 
 def check_cache_extras(additional: Any, batch_size: int) -> None:
@@ -554,8 +554,8 @@ class CacheTarget:
 
         def write() -> None:
             # The conversion (a device-to-host copy off the CPU) runs here, on a writer thread.
-            host = [(offset, np.ascontiguousarray(np.asarray(arrays[name], dtype=dtype)))
-                    for name, (_shape, dtype, _jax, offset, _count) in cache.layouts.items()]
+            host = [(layout.offset, np.ascontiguousarray(np.asarray(arrays[name], dtype=layout.dtype)))
+                    for name, layout in cache.layouts.items()]
             cache.write(path, host, additional)
 
         writer.submit(path, write)

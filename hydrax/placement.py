@@ -112,7 +112,7 @@ def default_placement(views: dict[str, np.ndarray], layouts, cpu: bool, may_alia
     out = {}
     aliased = False
     for name, view in views.items():
-        jax_dtype = layouts[name][2]
+        jax_dtype = layouts[name].jax_dtype
         # XLA:CPU would copy an unaligned view itself (an array of a cache file at 0.2.2's
         # natural offset, say); copying here keeps the count of aliased batches true.
         if view.dtype == jax_dtype and (not cpu or (may_alias and view.ctypes.data % ALIGNMENT == 0)):
@@ -143,7 +143,7 @@ def check_placed(result: Any, layouts, global_batch: int | None = None) -> None:
             raise ValueError(f"placement_func result has unexpected name '{name}'")
         if not isinstance(value, jax.Array):
             raise TypeError(f"array '{name}' from placement_func is {type(value).__name__}, not a jax.Array")
-        shape, _dtype, jax_dtype, _offset, _count = layouts[name]
+        shape, jax_dtype = layouts[name].shape, layouts[name].jax_dtype
         allowed = {tuple(shape)} | ({(global_batch, *shape[1:])} if global_batch else set())
         if tuple(value.shape) not in allowed:
             expected = " or ".join(str(s) for s in sorted(allowed))
@@ -204,7 +204,7 @@ def _put_shards(placement, values: list, dtype) -> Any:
 def sharded_placement(slot: np.ndarray, layout, sharding, cpu: bool, may_alias: bool) -> tuple[dict[str, Any], bool]:
     """Global ``jax.Array`` s of a slot laid out for ``sharding``, and whether they alias the slot.
 
-    ``slot`` is the slot's bytes, ``layout`` its :class:`~hydrax.group.SlotLayout` and
+    ``slot`` is the slot's bytes, ``layout`` its :class:`~hydrax.layout.SlotLayout` and
     ``sharding`` the group's :class:`~hydrax.sharding.GroupSharding`. Every addressable device
     gets its own rows: on the CPU backend, with ``may_alias`` and matching dtypes, each device's
     shard is the slot memory itself (its block starts on a 64-byte boundary); otherwise the
@@ -214,7 +214,8 @@ def sharded_placement(slot: np.ndarray, layout, sharding, cpu: bool, may_alias: 
     out: dict[str, Any] = {}
     aliased = True
     blocks = layout.blocks
-    for name, (shape, dtype, jax_dtype, _offset, _count) in layout.arrays.items():
+    for name, array in layout.arrays.items():
+        shape, dtype, jax_dtype = array.shape, array.dtype, array.jax_dtype
         placement = sharding.arrays[name]
         copy = dtype != jax_dtype or (cpu and not may_alias)
         keep = not copy

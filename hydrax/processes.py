@@ -229,7 +229,7 @@ def die_with_parent() -> None:
 #: glibc malloc settings in workers: blocks below 16 MiB come from the heap, and up to 32 MiB of
 #: free heap is kept. By default glibc maps and unmaps each large block (a decoded image, say) and
 #: trims the heap after it, so every item pays for fresh pages: JPEG decoding ran at 0.45x
-#: (tools/bench_shards.py, Pillow, 320x320) in a process that had not happened to raise glibc's
+#: (tools/bench/bench_shards.py, Pillow, 320x320) in a process that had not happened to raise glibc's
 #: adaptive threshold first. Set ``HYDRAX_MALLOC_TUNING=0``, or glibc's own ``MALLOC_*_``
 #: variables or ``GLIBC_TUNABLES``, to keep other settings.
 MALLOC_MMAP_THRESHOLD = 16 << 20

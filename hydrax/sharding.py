@@ -5,7 +5,7 @@ full ``batch_size``, laid out over the devices of a :class:`jax.sharding.Shardin
 loads only the rows its own (addressable) devices hold, taken from the sharding's device map, so
 any mesh works: hosts in contiguous blocks, interleaved device orders, 2-D meshes, replicated
 arrays. The rows are cut into blocks at every device boundary and each block starts on a 64-byte
-boundary of the slot (:class:`hydrax.group.SlotLayout`), so on the CPU backend every device's
+boundary of the slot (:class:`hydrax.layout.SlotLayout`), so on the CPU backend every device's
 shard can alias the slot.
 
 This module decides; :mod:`hydrax.placement` turns a finished slot into the arrays.

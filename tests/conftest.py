@@ -5,7 +5,8 @@ import os
 import time
 
 import pytest
-from proctable import live_processes
+
+from support.proctable import live_processes
 
 
 def descendants(root: int | None = None) -> set[int]:

@@ -326,6 +326,7 @@ def test_a_damaged_batch_file_is_named_then_loaded_through_the_loaders_and_rewri
 # -- the direct-mode race of 0.2.2, and SIGKILL mid-write -------------------------------------------
 
 
+@pytest.mark.slow
 def test_direct_mode_never_reads_a_path_in_flight_200_runs(tmp_path, caplog, monkeypatch):
     # One batch per epoch and a depth of 3: while one epoch's file is written (its slot held),
     # the next epochs need it (0.2.2 failed here with EOFError, then BatchTimeoutError). A half-written file
@@ -398,6 +399,7 @@ def kill_mid_write(script, location) -> list[str]:
     return os.listdir(location)
 
 
+@pytest.mark.slow
 def test_sigkill_during_a_write_leaves_no_readable_half_file(tmp_path):
     location = tmp_path / "c"
     script = tmp_path / "writer.py"
@@ -482,6 +484,7 @@ def test_each_process_caches_its_share(tmp_path):
     assert first[0][0][4] == (2, 1)
 
 
+@pytest.mark.multiprocess
 def test_processes_under_jax_distributed_cache_their_shares_of_global_batches(tmp_path):
     from test_sharding import assemble, run_job
 
@@ -506,6 +509,7 @@ def test_processes_under_jax_distributed_cache_their_shares_of_global_batches(tm
         assert sorted(i for b in first[4 * epoch : 4 * epoch + 4] for i in b["indices"]) == list(range(32))
 
 
+@pytest.mark.multiprocess
 def test_processes_that_disagree_on_a_cached_batch_stop_there_instead_of_diverging(tmp_path):
     # Explicit mode: a step that one process hands out cached and another uncached would send
     # their training loops down different paths (one calls its encoder and Batch.cache, the other

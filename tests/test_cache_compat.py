@@ -4,7 +4,7 @@
 ``tests/fixtures/cache_022.json`` what 0.2.2 yielded while writing and reading them, and what it
 yielded reading a cache that *our* hydrax wrote (recorded by
 ``tools/compat/record_cache_fixtures.py``, whose docstring gives the format; the scenarios are in
-``tools/compat/cache_scenario.py``). Here, with committed files only:
+``tests/support/cache_scenario.py``). Here, with committed files only:
 
 * ours reads 0.2.2's caches and yields exactly what 0.2.2 yields from them, without calling the
   loader function;
@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 import hydrax
-
-_TOOLS_COMPAT = str(Path(__file__).resolve().parents[1] / "tools" / "compat")
-if _TOOLS_COMPAT not in sys.path:
-    sys.path.append(_TOOLS_COMPAT)
-import cache_scenario  # noqa: E402
+from support import cache_scenario  # worker processes import it too: tests/ is on their sys.path
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RECORDED = json.loads((FIXTURES / "cache_022.json").read_text())

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from hydrax import __version__
 
 
@@ -31,6 +33,7 @@ def test_info_reports_backend_and_start_method():
     assert f"page-locked slots for GPU transfers: {expected}" in result.stdout
 
 
+@pytest.mark.slow
 def test_demo_trains_on_the_bundled_digits_and_resumes_exactly():
     result = hydrax("demo", "--epochs", "6")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -57,6 +60,7 @@ def test_shards_index_builds_indexes_ahead_of_time(tmp_path):
     assert result.returncode == 1 and "t-01.tar: at byte offset 0" in result.stderr
 
 
+@pytest.mark.slow
 def test_bench_measures_a_loader_over_shards(tmp_path):
     import io
 
@@ -133,6 +137,7 @@ def _image_folder(root, count=24):
     return root
 
 
+@pytest.mark.slow
 def test_bench_decodes_each_samples_own_image_field(tmp_path):
     import time
 
@@ -171,6 +176,7 @@ def _slow_png(side):
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows, 6)) + chunk(b"IEND", b"")
 
 
+@pytest.mark.slow
 def test_bench_seconds_bound_a_run_whose_batches_keep_failing(tmp_path):
     """Every item is a large PNG cut short: each fails after a second or so of decoding, so no
     batch ever comes. --seconds ends the run all the same (it used to go on until ten batches in a
@@ -224,6 +230,7 @@ def _descendants(pid):
     return found
 
 
+@pytest.mark.slow
 def test_bench_reports_a_dead_worker_and_exits_1(tmp_path):
     """A loader process killed mid-run ends bench with the WorkerError's words and status 1 (it
     printed "interrupted" and exited 130, as for a Ctrl+C, since WorkerError is a KeyboardInterrupt)."""

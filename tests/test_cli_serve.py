@@ -13,6 +13,7 @@ import pytest
 
 from hydrax.serve import Connection
 from hydrax.shards import ShardWriter
+from support.sigint import default_sigint
 
 pytest.importorskip("PIL")
 
@@ -24,7 +25,9 @@ def hydrax(*args, timeout=60):
 
 
 def start(*args):
-    return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """``hydrax ARGS`` in the background; Ctrl+C (SIGINT) reaches it however pytest was started."""
+    return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
 
 
 def finish(process, timeout=60):
@@ -225,6 +228,7 @@ def test_stat_of_a_stream_matches_numpy():
     assert "seen: uint8 (4, 2, 2, 3) x2" in out
 
 
+@pytest.mark.slow
 def test_failures_exit_1_with_one_line_naming_the_url(shards, tmp_path):
     with ShardWriter(str(tmp_path / "words-%02d.tar"), maxcount=12) as writer:
         writer.write({"__key__": "k", "png": b"", "cls": "cat"})
@@ -319,6 +323,7 @@ def one_share_run(share_shards):
     return rows
 
 
+@pytest.mark.slow
 def test_two_shares_serve_the_run_once_in_its_order(share_shards, one_share_run, reap):
     from hydrax.serve import Collector
 
@@ -335,6 +340,7 @@ def test_two_shares_serve_the_run_once_in_its_order(share_shards, one_share_run,
     assert rows == one_share_run
 
 
+@pytest.mark.slow
 def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, one_share_run, reap):
     from hydrax.serve import Collector
 
@@ -367,6 +373,7 @@ def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, o
         assert 0 < served < SHARE_BATCHES // 2, out
 
 
+@pytest.mark.slow
 def test_monitor_receives_the_shares_of_a_run(share_shards, reap):
     port = free_port()
     monitor = start("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--report", "4", "--timeout", "60")
@@ -384,6 +391,7 @@ def test_monitor_receives_the_shares_of_a_run(share_shards, reap):
     assert lines[-1] == f"stream position {SHARE_BATCHES} (every batch before it received once), 0 duplicates dropped"
 
 
+@pytest.mark.slow
 def test_reliable_mode_refuses_what_does_not_apply(share_shards):
     port = free_port()
     for args, status, words in [

@@ -148,6 +148,7 @@ def test_stat_counts_sizes_pixels_and_labels(dataset, tmp_path):
     assert missing.returncode == 1 and "nothing-*.tar" in missing.stderr and "matches no file" in missing.stderr
 
 
+@pytest.mark.slow
 def test_show_writes_a_grid_and_keeps_existing_files(dataset, tmp_path):
     from PIL import Image
 
@@ -221,6 +222,7 @@ def test_verify_and_stat_through_s3(server, dataset, tmp_path):
     assert not os.path.exists(tmp_path / "cache")  # stat writes no index anywhere
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_is_named_and_fails_fast(tmp_path):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

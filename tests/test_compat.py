@@ -2,9 +2,10 @@
 
 ``tests/fixtures/compat_022.json`` holds what hydrax 0.2.2 yielded for a list of small,
 deterministic scenarios (recorded by ``tools/compat/record_fixtures.py``; its docstring describes
-the format). Each scenario is replayed here on our Dataloader, and everything it yields must be the
-same: batches, item indices, seeds, the values the loader wrote, the seeds it was given, the extras
-it returned, and the loader metadata.
+the format; both sides run them through ``tests/support/compat_scenario.py``). Each scenario is
+replayed here on our Dataloader, and everything it yields must be the same: batches, item indices,
+seeds, the values the loader wrote, the seeds it was given, the extras it returned, and the loader
+metadata.
 
 The exceptions are the upstream defects we fix (``hydrax-api.md`` section 15), where the fixture
 records 0.2.2's wrong behaviour and the test asserts ours instead:
@@ -27,7 +28,6 @@ records 0.2.2's wrong behaviour and the test asserts ours instead:
 from __future__ import annotations
 
 import json
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -37,11 +37,9 @@ import pytest
 import hydrax
 
 # The scenario runner shared with the fixture recorder. Worker processes import it to unpickle its
-# loader and start-up hook: fork workers inherit it, forkserver workers get this sys.path.
-_TOOLS_COMPAT = str(Path(__file__).resolve().parents[1] / "tools" / "compat")
-if _TOOLS_COMPAT not in sys.path:
-    sys.path.append(_TOOLS_COMPAT)
-import compat_scenario  # noqa: E402
+# loader and start-up hook: tests/ is on their sys.path too (fork workers inherit it, forkserver
+# workers get this process's).
+from support import compat_scenario
 
 FIXTURE_PATH = Path(__file__).parent / "fixtures" / "compat_022.json"
 FIXTURE = json.loads(FIXTURE_PATH.read_text())

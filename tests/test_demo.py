@@ -54,6 +54,7 @@ def _run_installed(site: Path, cwd: Path, cache: Path, *args: str) -> subprocess
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.wheel
 def test_demo_runs_from_an_installed_wheel(wheel, tmp_path):
     _, site = wheel
     elsewhere, cache = tmp_path / "elsewhere", tmp_path / "cache"
@@ -76,6 +77,7 @@ def test_demo_runs_from_an_installed_wheel(wheel, tmp_path):
     assert [p.name for p in (cache / "demo").iterdir()] == [folder.name]
 
 
+@pytest.mark.wheel
 def test_the_wheel_ships_the_digits_and_not_the_shards(wheel):
     path, _ = wheel
     with zipfile.ZipFile(path) as archive:

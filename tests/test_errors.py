@@ -292,6 +292,7 @@ def run_logging_script(tmp_path, setup: str, method: str) -> subprocess.Complete
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_without_logging_set_up_the_messages_reach_stderr_in_0_2_2_words(tmp_path, method):
     err = run_logging_script(tmp_path, "plain", method).stderr
@@ -301,6 +302,7 @@ def test_without_logging_set_up_the_messages_reach_stderr_in_0_2_2_words(tmp_pat
     assert "[hydrax]: shutting down due to ZeroDivisionError\n" in err.splitlines(keepends=True)
 
 
+@pytest.mark.slow
 def test_with_logging_set_up_each_message_is_formatted_once(tmp_path):
     err = run_logging_script(tmp_path, "configured", "fork").stderr
     lines = err.splitlines()
@@ -310,6 +312,7 @@ def test_with_logging_set_up_each_message_is_formatted_once(tmp_path):
     assert "ValueError: bad item five" in err
 
 
+@pytest.mark.slow
 def test_quieting_the_hydrax_logger_quiets_fork_server_workers_too(tmp_path):
     err = run_logging_script(tmp_path, "quiet", "forkserver").stderr
     assert "[hydrax]" not in err and "bad item five" not in err, err[-3000:]

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from support.sigint import default_sigint
+
 HEADER = """
 import json, os, signal, sys, threading, time
 import multiprocessing as mp
@@ -64,10 +66,12 @@ def read_until(process, prefix: str, timeout=30.0) -> str:
     raise AssertionError(f"no {prefix!r} line; stderr:\n{process.stderr.read()}")
 
 
-@pytest.mark.parametrize("warm_jax", [False, True], ids=["fork", "forkserver"])
+# the fast tier keeps killed-fork; a frozen worker takes its heartbeat timeout to be noticed
+@pytest.mark.parametrize("warm_jax", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["fork", "forkserver"])
 @pytest.mark.parametrize(
     "sig, worker, says, within",
-    [("SIGKILL", 0, "was killed by SIGKILL while loading item", 1.0), ("SIGSTOP", 1, "stopped responding", 1.25)],
+    [("SIGKILL", 0, "was killed by SIGKILL while loading item", 1.0),
+     pytest.param("SIGSTOP", 1, "stopped responding", 1.25, marks=pytest.mark.slow)],
     ids=["killed", "frozen"],
 )
 def test_a_dead_or_frozen_worker_is_named_with_its_item(tmp_path, warm_jax, sig, worker, says, within):
@@ -144,10 +148,11 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("presses", [1, 2, 3])
+@pytest.mark.parametrize("presses", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_ctrl_c_interrupts_then_aborts_then_terminates(tmp_path, presses):
     path = script(tmp_path, SIGINT_SCRIPT)
-    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=default_sigint)  # Ctrl+C reaches it however pytest was started
     try:
         pids = json.loads(read_until(process, "PIDS").split(" ", 1)[1])
         read_until(process, "READY")
@@ -171,7 +176,7 @@ def test_ctrl_c_interrupts_then_aborts_then_terminates(tmp_path, presses):
     assert wait_gone(pids) == []
 
 
-@pytest.mark.parametrize("warm_jax", [False, True], ids=["fork", "forkserver"])
+@pytest.mark.parametrize("warm_jax", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["fork", "forkserver"])
 def test_workers_die_with_a_sigkilled_parent(tmp_path, warm_jax):
     path = script(tmp_path, f"""
     def load(item, arrays, seed):
@@ -250,6 +255,7 @@ def test_forkserver_runs_a_loader_defined_in_main_and_explains_unpicklable_ones(
     assert "CLOSURE cannot send loader_func's global 'guard'" in result.stdout and "startup_func" in result.stdout, result.stdout
 
 
+@pytest.mark.slow
 def test_nothing_is_left_in_dev_shm_or_the_process_table_after_any_ending(tmp_path):
     path = script(tmp_path, """
     def load(item, arrays, seed):
@@ -282,6 +288,7 @@ def test_nothing_is_left_in_dev_shm_or_the_process_table_after_any_ending(tmp_pa
     assert "resource_tracker" not in result.stderr  # no leaked-segment warnings at exit
 
 
+@pytest.mark.slow
 def test_two_loaders_open_at_once(tmp_path):
     # The second starts while the first one's pipeline thread runs (and JAX is live): no fork then.
     path = script(tmp_path, """
@@ -299,6 +306,7 @@ def test_two_loaders_open_at_once(tmp_path):
     assert "METHODS fork forkserver" in result.stdout and "COUNTS 4 4" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_fork_server_starts_when_jax_does(tmp_path):
     from jax._src import xla_bridge
 

@@ -5,7 +5,7 @@ rewritten, tone curves replaced by parametric curves with absurd parameters or t
 length, colorants set to extreme values. Each mutant is embedded in a small PNG and decoded with
 ``decode_into`` into uint8 and float32 slots, for every output space. Every outcome must be a
 filled slot of finite values or a ``ProfileError`` (a damaged profile) — and never a crash or a
-hang (batches run in child processes, see ``tests/fuzzing.py``).
+hang (batches run in child processes, see ``tests/support/fuzzing.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fuzzing import batches, run_isolated
+from support.fuzzing import batches, run_isolated
 
 ICC = Path(__file__).resolve().parent / "data" / "icc"
 PROFILES = sorted(p for p in ICC.glob("*.icc") if p.name != "Gray.icc")
@@ -114,6 +114,7 @@ def run(seed: int, first: int, count: int) -> None:
 needs_profiles = pytest.mark.skipif(not PROFILES, reason=f"the ICC test profiles are not in {ICC}")
 
 
+@pytest.mark.fuzz
 @needs_profiles
 @pytest.mark.parametrize("first", batches())
 def test_no_mutant_profile_crashes_hangs_or_escapes_the_documented_errors(first):

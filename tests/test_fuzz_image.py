@@ -8,7 +8,7 @@ several layouts and dtypes. Every outcome must be a filled slot or an ``ImageErr
 names the data (``bytes of length N``) and holds no object repr; a damaged embedded ICC profile
 may also be the documented ``ProfileError``.
 
-The mutants run in child processes (see ``tests/fuzzing.py``), so a crash in a decoder or in
+The mutants run in child processes (see ``tests/support/fuzzing.py``), so a crash in a decoder or in
 hydrax's pixel kernel fails the test with the seed and mutant number instead of killing pytest;
 ``python tests/test_fuzz_image.py SEED FIRST COUNT`` replays a range.
 """
@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 import pytest
 
-from fuzzing import batches, run_isolated
+from support.fuzzing import batches, run_isolated
 
 # what Pillow writes into messages about in-memory files, which must not reach ours
 OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
@@ -163,6 +163,7 @@ def run(seed: int, first: int, count: int) -> None:
             raise AssertionError(f"seed {seed}, image mutant {n} ({kind}): {type(exc).__name__}: {exc}") from exc
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("first", batches())
 def test_no_mutant_crashes_or_escapes_image_error(first):
     pytest.importorskip("PIL")

@@ -15,7 +15,7 @@ Descriptors must give a ShardSet whose shards load, or a ``ShardFormatError`` na
 descriptor, or (for a shard URL mutated into another name) ``ObjectNotFoundError`` naming it.
 
 ``HYDRAX_FUZZ`` and ``HYDRAX_FUZZ_SEED`` set the mutants per test and the seed (see
-``tests/fuzzing.py``); every mutant's rng is derived from (seed, test, number), and a failure
+``tests/support/fuzzing.py``); every mutant's rng is derived from (seed, test, number), and a failure
 names all three. These run in the test's process: the only compiled code they reach is
 ``_core.check_index``, which reads nothing beyond the arrays it is given.
 """
@@ -32,7 +32,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from fuzzing import MUTANTS, SEED
+from support.fuzzing import MUTANTS, SEED
 
 from hydrax.errors import ObjectNotFoundError, ShardFormatError
 from hydrax.shards import ShardIndex, ShardSet, build_index, index_path, indexfile, open_index
@@ -222,6 +222,7 @@ def test_the_valid_files_load(shard):
         assert open_index(shard, write=False).same_samples(truth)
 
 
+@pytest.mark.fuzz
 def test_damaged_index_files_load_consistently_or_are_format_errors(shard):
     truth = build_index(shard)
     v2, v1 = truth.to_bytes(), _to_v1_bytes(truth)
@@ -297,6 +298,7 @@ def check_descriptor(path: str) -> None:
         assert exc.url in named and exc.url in str(exc) and not os.path.exists(exc.url), str(exc)
 
 
+@pytest.mark.fuzz
 def test_damaged_descriptors_are_format_errors_naming_them(dataset):
     folder, text = dataset
     path = os.path.join(folder, "fuzz.json")

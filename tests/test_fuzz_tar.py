@@ -12,7 +12,7 @@ instead of stopping at the checksum. For every mutant:
 - the same bytes as a shard file on disk (``build_index``, which maps it) give an index whose
   fields lie inside the file, or a ``ShardFormatError`` naming the file.
 
-``HYDRAX_FUZZ`` sets the mutants per dialect (see ``tests/fuzzing.py``). A failure prints the seed
+``HYDRAX_FUZZ`` sets the mutants per dialect (see ``tests/support/fuzzing.py``). A failure prints the seed
 and mutant number, and ``python tests/test_fuzz_tar.py SEED FIRST COUNT`` replays it.
 """
 
@@ -28,7 +28,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from fuzzing import batches, run_isolated
+from support.fuzzing import batches, run_isolated
 
 DIALECTS = ("ustar", "gnu", "pax")
 
@@ -206,6 +206,7 @@ def run(seed: int, first: int, count: int) -> None:
                 raise AssertionError(f"seed {seed}, {dialect} mutant {n}: {exc}") from None
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("first", batches())
 def test_no_mutant_crashes_hangs_or_escapes_the_documented_error(first):
     run_isolated(__file__, first)

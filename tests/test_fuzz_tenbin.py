@@ -12,7 +12,7 @@ deleted, length words rewritten). For every mutant:
 - ``decode_buffer`` and ``read`` agree: the same arrays and infos, or errors at the same offset;
   so does ``decode_buffer`` on a copy of the bytes that lies misaligned in memory.
 
-``HYDRAX_FUZZ`` sets the mutants per form (see ``tests/fuzzing.py``). A failure prints the seed
+``HYDRAX_FUZZ`` sets the mutants per form (see ``tests/support/fuzzing.py``). A failure prints the seed
 and mutant number, and ``python tests/test_fuzz_tenbin.py SEED FIRST COUNT`` replays it.
 """
 
@@ -26,7 +26,7 @@ import sys
 import numpy as np
 import pytest
 
-from fuzzing import batches, run_isolated
+from support.fuzzing import batches, run_isolated
 
 FORMS = ("buffer", "frames")
 # numbers on the edges of the checks
@@ -238,6 +238,7 @@ def run(seed: int, first: int, count: int) -> None:
                 raise AssertionError(f"seed {seed}, {form} mutant {n}: {type(exc).__name__}: {exc}") from exc
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("first", batches())
 def test_no_mutant_crashes_hangs_or_escapes_tenbin_error(first):
     run_isolated(__file__, first)

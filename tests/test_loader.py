@@ -319,6 +319,7 @@ def test_keeping_every_batch_never_stalls_and_never_corrupts(depth):
         assert describe(batch) == described  # memory under kept batches was never reused
 
 
+@pytest.mark.slow
 def test_a_trivial_job_runs_a_hundred_times_without_a_stall():
     # hydrax 0.2.2 stalled in about half of the runs of this job (hydrax-api.md 10.3)
     group = DataGroup(64, range(8192), loader_arrays={"x": ((1,), np.float32, jnp.float32)})

@@ -111,6 +111,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.multiprocess
 def test_the_split_comes_from_jax_distributed(tmp_path):
     """Two real JAX processes joined by jax.distributed: each loads its half without being told."""
     with socket.socket() as s:

@@ -1,19 +1,16 @@
-"""tools/netproxy.py, the delaying, fault-injecting HTTP proxy, in front of a real S3-protocol
+"""tests/support/netproxy.py, the delaying, fault-injecting HTTP proxy, in front of a real S3-protocol
 server (moto's) on 127.0.0.1 with a real boto3 client, and in front of a small local HTTP server."""
 
 import concurrent.futures
 import http.client
 import http.server
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from netproxy import Fault, Proxy, s3_error  # noqa: E402
+from support.netproxy import Fault, Proxy, s3_error
 
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 
@@ -310,6 +307,7 @@ def test_pipelined_requests_are_answered_in_order(http_upstream):
         assert proxy.requests == 3 and proxy.connections == 1
 
 
+@pytest.mark.slow
 def test_hundreds_of_connections(http_upstream):
     with Proxy("127.0.0.1", http_upstream, delay=0.1) as proxy:
         def fetch(i):

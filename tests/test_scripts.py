@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from proctable import live_processes
+
+from support.proctable import live_processes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
@@ -42,6 +43,7 @@ def last_json(result) -> dict:
 
 
 # -- defect 1: helper processes never run the main module ---------------------------------------
+@pytest.mark.slow
 def test_a_script_that_reads_its_command_line_at_the_top_runs_once(tmp_path):
     trace = tmp_path / "trace"
     result = run_script("argv_script.py", "7", "--offset", "3", cwd=tmp_path, HYDRAX_TEST_TRACE=str(trace))
@@ -54,6 +56,7 @@ def test_a_script_that_reads_its_command_line_at_the_top_runs_once(tmp_path):
     assert "could not import the main module" not in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_module_level_jax_distributed_initialize_runs_once_per_process(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,6 +88,7 @@ def test_a_script_without_a_main_guard_runs_from_the_fork_server():
     assert out == {"method": "forkserver", "values": [2 * i for i in range(8)]}
 
 
+@pytest.mark.slow
 def test_the_scripts_own_forkserver_processes_still_get_the_main_module():
     # hydrax's fork server never runs the main module for its workers, but a process of the
     # script's own that needs a function of it gets it imported as spawn would, command line included.
@@ -94,6 +98,7 @@ def test_the_scripts_own_forkserver_processes_still_get_the_main_module():
 
 
 # -- defect 2: lambdas and closures, in every run of a process --------------------------------------
+@pytest.mark.slow
 def test_lambda_and_closure_loaders_work_in_every_run_of_a_script():
     out = last_json(run_script("two_loaders.py"))
     (m1, v1), (m2, v2), (m3, v3) = out["runs"]
@@ -120,6 +125,7 @@ def lines_of(stream) -> queue.Queue:
     return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["forkserver", "fork"])
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 def test_nothing_outlives_a_killed_main_process_while_workers_are_busy(tmp_path, method, sig):
@@ -156,6 +162,7 @@ def test_nothing_outlives_a_killed_main_process_while_workers_are_busy(tmp_path,
 
 
 # -- defect 4: what cannot be sent, and what a worker cannot start with ---------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_unpicklable_extras_fail_their_item_with_the_key_named(method):
     result = run_script("extras_script.py", "plain", method)
@@ -167,6 +174,7 @@ def test_unpicklable_extras_fail_their_item_with_the_key_named(method):
     assert "item 5" in result.stderr and "'handle'" in result.stderr and "lock" in result.stderr
 
 
+@pytest.mark.slow
 def test_unpicklable_extras_fail_a_strict_run_at_their_batch_with_the_key_named():
     out = last_json(run_script("extras_script.py", "strict", "forkserver"))
     assert out["delivered"] == [[0, 1]]
@@ -174,16 +182,19 @@ def test_unpicklable_extras_fail_a_strict_run_at_their_batch_with_the_key_named(
     assert "item 5" in out["error"] and "'handle'" in out["error"] and "cannot be pickled" in out["error"]
 
 
+@pytest.mark.slow
 def test_a_bound_method_of_a_class_defined_under_the_main_guard_loads():
     out = last_json(run_script("methods_script.py", "bound"))
     assert out == {"method": "forkserver", "values": [5 * i for i in range(8)]}
 
 
+@pytest.mark.slow
 def test_startup_func_and_loader_of_the_script_share_their_globals_in_each_worker():
     out = last_json(run_script("methods_script.py", "state"))
     assert out == {"method": "forkserver", "values": [100 + i for i in range(8)]}
 
 
+@pytest.mark.slow
 def test_a_loader_a_worker_cannot_import_is_reported_with_its_cause(tmp_path):
     hidden = tmp_path / "hidden"
     hidden.mkdir()
@@ -194,6 +205,7 @@ def test_a_loader_a_worker_cannot_import_is_reported_with_its_cause(tmp_path):
     assert "__main__" not in error  # the main guard has nothing to do with it
 
 
+@pytest.mark.slow
 def test_a_failing_startup_func_is_reported_with_its_error():
     out = last_json(run_script("methods_script.py", "startup"))
     error, fields = out["error"], out["fields"]
@@ -208,6 +220,7 @@ def test_a_failing_startup_func_is_reported_with_its_error():
     assert fields["item"] is None and fields["batch"] is None  # it never loaded anything
 
 
+@pytest.mark.slow
 def test_a_loader_that_cannot_be_pickled_is_refused_naming_the_culprit():
     error = last_json(run_script("methods_script.py", "lock"))["type_error"]
     assert error.startswith("cannot send loader_func's closure variable 'guard' to the loader processes")

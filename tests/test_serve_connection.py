@@ -538,6 +538,7 @@ def flood_a_stalled_consumer(peer, port: int, megabytes: int, consumer_hwm: int,
         return first, peak - baseline, peer.result(cid)
 
 
+@pytest.mark.slow
 def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_out(peers):
     port = free_port()
     hwm, megabytes = 4, 10
@@ -551,6 +552,7 @@ def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_ou
     assert f"zpush://127.0.0.1:{port}" in result["error"]
 
 
+@pytest.mark.slow
 def test_a_memory_budget_bounds_the_producer_whatever_the_hwm(peers):
     """hwm=1000 would let 10 GB of 10 MB batches queue up; max_queued_bytes=30 MB holds the
     producer to three batches that ZeroMQ has not written out yet."""
@@ -578,6 +580,7 @@ def test_a_consumer_with_no_producer_times_out_naming_the_url():
     Connection(url, timeout=7200).close()  # hours are a valid timeout (libzmq caps its heartbeat TTL)
 
 
+@pytest.mark.slow
 def test_a_consumer_of_a_killed_producer_times_out_instead_of_hanging(peers):
     port = free_port()
     (peer,) = peers(1)
@@ -718,6 +721,7 @@ def test_a_connection_used_in_a_forked_child_raises_and_closing_it_there_spares_
 
 # -- 10. CURVE -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_curve_encrypts_and_only_admits_clients_with_the_right_keys(peers):
     server_public, server_secret = curve_keypair()
     client_public, client_secret = curve_keypair()

@@ -20,9 +20,10 @@ import pytest
 from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
 from hydrax.serve import Collector, Curve, curve_keypair
-from serve_share_job import make_loader
+from support.serve_share_job import make_loader
+from support.sigint import default_sigint
 
-JOB = str(Path(__file__).with_name("serve_share_job.py"))
+JOB = str(Path(__file__).resolve().parent / "support" / "serve_share_job.py")
 ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
 
 
@@ -36,8 +37,10 @@ SCHEMA = [("item", "int32", (None,)), ("seed", "uint32", (None,)), ("vec", "floa
 
 
 def producer(url: str, index: int, count: int, start=(0, 0), delay: float = 0.0, env=None) -> subprocess.Popen:
+    # Ctrl+C (SIGINT) reaches the producer however pytest was started
     return subprocess.Popen([sys.executable, JOB, url, str(index), str(count), str(start[0]), str(start[1]), str(delay)],
-                            env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
 
 
 def ready(process: subprocess.Popen) -> subprocess.Popen:
@@ -83,7 +86,7 @@ def test_stream_positions_split_the_stream():
     assert next(stream_positions(1, 3, 5)) == 7
 
 
-@pytest.mark.parametrize("shares", [1, 3])
+@pytest.mark.parametrize("shares", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_remote_run_equals_local_run(shares):
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, shares) for k in range(shares)]
@@ -95,6 +98,7 @@ def test_remote_run_equals_local_run(shares):
     assert len(rows) == 2 * (10 + 3)
 
 
+@pytest.mark.slow
 def test_resume_at_epoch_batch_equals_local_run():
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, 2, start=(1, 3)) for k in range(2)]
@@ -106,6 +110,7 @@ def test_resume_at_epoch_batch_equals_local_run():
     assert rows[0][:3] == (1, 3, False)
 
 
+@pytest.mark.slow
 def test_sigkilled_producer_restarts_and_nothing_is_lost_or_repeated():
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, 0, 2, delay=0.01), producer(url, 1, 2, delay=0.01)]
@@ -129,6 +134,7 @@ def test_sigkilled_producer_restarts_and_nothing_is_lost_or_repeated():
     assert 0 < served < 13
 
 
+@pytest.mark.slow
 def test_a_share_that_never_comes_is_an_error_not_a_hang():
     url = f"zpush://127.0.0.1:{free_port()}"
     process = ready(producer(url, 0, 2))
@@ -144,6 +150,7 @@ def test_a_share_that_never_comes_is_an_error_not_a_hang():
         process.communicate()
 
 
+@pytest.mark.slow
 def test_a_producer_for_another_split_is_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
     wrong = ready(producer(url, 0, 3))
@@ -159,6 +166,7 @@ def test_a_producer_for_another_split_is_refused():
     assert "refused share 0" in err and "takes 2 shares" in err
 
 
+@pytest.mark.slow
 def test_a_share_sending_other_arrays_fails_the_collector():
     url = f"zpush://127.0.0.1:{free_port()}"
     process = producer(url, 0, 1)
@@ -170,6 +178,7 @@ def test_a_share_sending_other_arrays_fails_the_collector():
     process.communicate()
 
 
+@pytest.mark.slow
 def test_curve_encrypted_shares():
     server_public, server_secret = curve_keypair()
     client_public, client_secret = curve_keypair()
@@ -183,6 +192,7 @@ def test_curve_encrypted_shares():
     assert rows == local_run()
 
 
+@pytest.mark.slow
 def test_an_interrupted_share_is_left_open_for_its_restart():
     """Ctrl+C (the Dataloader interrupted) must not tell the collector the share is complete."""
     url = f"zpush://127.0.0.1:{free_port()}"
@@ -202,6 +212,7 @@ def test_an_interrupted_share_is_left_open_for_its_restart():
     assert rows == local_run()
 
 
+@pytest.mark.slow
 def test_shares_of_different_runs_are_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
     shares = [ready(producer(url, 0, 2)), ready(producer(url, 1, 2, env={"HYDRAX_TEST_SEED": "6"}))]  # another shuffle, same sizes

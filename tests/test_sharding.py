@@ -1,6 +1,6 @@
 """Global batches over many devices and processes (``Dataloader(sharding=...)``).
 
-Every job runs ``tests/global_batches_job.py`` in fresh processes: 8 CPU devices in one process,
+Every job runs ``tests/support/global_batches_job.py`` in fresh processes: 8 CPU devices in one process,
 or several processes under ``jax.distributed`` on 127.0.0.1. Each process reports every
 addressable shard it got; put together, the shards must be the single-process run's batches,
 item for item, and every shard must lie in hydrax's shared memory where its block allows.
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-JOB = Path(__file__).with_name("global_batches_job.py")
+JOB = Path(__file__).resolve().parent / "support" / "global_batches_job.py"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -132,7 +132,8 @@ def check_against(reports: list[dict], expected: list[dict], aliased: bool = Tru
 JOB_CONFIG = dict(batch_size=16, items=72, end_at=["epoch", 2], validation=["batch", 3])
 
 
-@pytest.mark.parametrize("processes,devices", [(1, 8), (2, 4), (4, 2)])
+@pytest.mark.parametrize("processes,devices", [(1, 8), pytest.param(2, 4, marks=pytest.mark.multiprocess),
+                                               pytest.param(4, 2, marks=pytest.mark.multiprocess)])
 def test_global_batches_equal_the_single_process_run(processes, devices):
     reports = run_job(processes, devices, "data", **JOB_CONFIG)
     assert all(r["error"] is None for r in reports), [r["error"] for r in reports]
@@ -148,6 +149,7 @@ def test_global_batches_equal_the_single_process_run(processes, devices):
                 assert [expected[i] for i in b["indices"]] == b["seeds"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mesh", ["interleaved", "2d", "replicated"])
 def test_any_mesh_gives_the_same_global_batches(mesh):
     reports = run_job(2, 4, mesh, **JOB_CONFIG)
@@ -159,6 +161,7 @@ def test_any_mesh_gives_the_same_global_batches(mesh):
         assert first != sorted(first) or first[-1] - first[0] >= len(first)
 
 
+@pytest.mark.multiprocess
 def test_a_placement_func_may_return_global_arrays():
     # hydrax 0.2.2 refused them (shape check) and dropped every batch: 0 batches, status 0
     reports = run_job(2, 4, "process_local", **JOB_CONFIG)
@@ -167,6 +170,7 @@ def test_a_placement_func_may_return_global_arrays():
     assert all(r["stats"]["custom_batches"] == len(r["batches"]) > 0 for r in reports)
 
 
+@pytest.mark.slow
 def test_split_item_dimensions_are_copied_but_right():
     reports = run_job(1, 8, "items", **JOB_CONFIG)
     assert reports[0]["error"] is None
@@ -174,6 +178,7 @@ def test_split_item_dimensions_are_copied_but_right():
     assert reports[0]["stats"]["aliased_batches"] == 0
 
 
+@pytest.mark.slow
 def test_a_loop_that_keeps_its_batches_gets_copies_instead_of_a_stall():
     config = dict(JOB_CONFIG, keep=True, timeout=20)
     reports = run_job(1, 8, "data", **config)
@@ -183,13 +188,14 @@ def test_a_loop_that_keeps_its_batches_gets_copies_instead_of_a_stall():
     assert stats["copied_batches"] > 0 and stats["aliased_batches"] >= 1
 
 
+@pytest.mark.slow
 def test_batch_sizes_that_do_not_divide_over_the_devices_are_refused():
     (report,) = run_job(1, 8, "data", batch_size=12, items=48, expect_error=True)
     assert report["error"]["type"] == "ValueError"
     assert "training group 0" in report["error"]["message"] and "multiple of 8" in report["error"]["message"]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_a_loader_error_raises_on_every_process_at_the_same_batch(processes):
     failing = processes - 1
     # item 40 sits in batch 2 of epoch 0; the failing process loads it (data blocks of 16 / P)
@@ -200,6 +206,7 @@ def test_a_loader_error_raises_on_every_process_at_the_same_batch(processes):
         assert [b["num"] for b in r["batches"] if b["kind"] == "T"] == [0, 1]
 
 
+@pytest.mark.multiprocess
 def test_a_process_that_dies_stops_the_others_within_the_timeout():
     reports = run_job(2, 4, "data", wall=60, silent=(1,), **dict(JOB_CONFIG, die_process=1, timeout=4))
     survivor = reports[0]
@@ -208,6 +215,7 @@ def test_a_process_that_dies_stops_the_others_within_the_timeout():
     assert "process 1 has loaded only" in survivor["error"]["message"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("before,after", [(1, 2), (2, 1), (2, 4)])
 def test_resume_with_another_process_count_is_exact(before, after):
     uninterrupted = reference(**JOB_CONFIG)
@@ -249,7 +257,7 @@ def test_placement_aliases_the_slot_by_either_route(route, monkeypatch):
     import jax.numpy as jnp
 
     from hydrax import placement
-    from hydrax.group import slot_layout
+    from hydrax.layout import slot_layout
     from hydrax.sharding import plan_group
 
     if route == "public":

@@ -12,6 +12,7 @@ import pytest
 from hydrax.shards import ShardIndex, ShardSet
 from hydrax.shards.build import (BuildError, build_shards, check_key, samples_from_files, samples_from_folder,
                                  samples_from_list, samples_from_manifest, shuffled)
+from support.sigint import default_sigint
 
 PIL = pytest.importorskip("PIL.Image")
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
@@ -212,6 +213,7 @@ def server(s3_store):
     return S3Options(endpoint_url=endpoint, **KEYS), client
 
 
+@pytest.mark.slow
 def test_s3_output_uploads_shards_with_index_objects_and_refuses_to_overwrite(folder, server, tmp_path):
     root, files = folder
     options, client = server
@@ -244,6 +246,7 @@ def test_s3_output_uploads_shards_with_index_objects_and_refuses_to_overwrite(fo
     assert missing.returncode == 1 and "'nobucket' does not exist" in missing.stderr
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_is_named(folder, tmp_path):
     import socket
 
@@ -371,7 +374,8 @@ def test_ctrl_c_or_sigterm_through_the_command_removes_what_the_build_wrote(tmp_
     os.mkfifo(files[-1])  # reading it blocks until someone writes: the build stalls there, for good
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "hydrax", "shards", "build", *map(str, files), str(out / "t-%d.tar"),
-                                "--maxcount", "50", "--workers", str(workers)], stderr=subprocess.PIPE, text=True)
+                                "--maxcount", "50", "--workers", str(workers)], stderr=subprocess.PIPE, text=True,
+                               preexec_fn=default_sigint)  # Ctrl+C reaches it however pytest was started
     try:
         deadline = time.monotonic() + 60
         while not (out / "t-2.tar").exists() and time.monotonic() < deadline and process.poll() is None:

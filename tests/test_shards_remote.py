@@ -1,6 +1,6 @@
 """Remote shards at scale: set-up from index objects and manifests, version pinning, retries,
 read-ahead through a Dataloader, and multi-host shares, against moto's S3 server behind
-tools/netproxy.py on 127.0.0.1 (which counts requests and injects faults)."""
+tests/support/netproxy.py on 127.0.0.1 (which counts requests and injects faults)."""
 
 import os
 import sys
@@ -18,8 +18,7 @@ from hydrax.shards.catalog import publish_indexes, read_manifest, resolve, write
 from hydrax.shards.readahead import ReadAhead
 from hydrax.shards.store import StoreOptions
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from netproxy import Proxy  # noqa: E402
+from support.netproxy import Proxy
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 SAMPLE_BYTES = 3000
@@ -89,6 +88,7 @@ def test_setup_reads_index_objects_not_the_data(proxied, tmp_path):
     assert [bytes(s["cls"]) for s in again] == [str(i).encode() for i in range(120)]
 
 
+@pytest.mark.slow
 def test_without_a_folder_summary_index_objects_are_read_concurrently(proxied, tmp_path):
     options, proxy, client = proxied
     write_shards(tmp_path, client, options=options)
@@ -141,6 +141,7 @@ def test_reads_are_pinned_to_the_indexed_version(proxied, tmp_path):
     assert info.value.url == urls[0] and info.value.offset > 0
 
 
+@pytest.mark.slow
 def test_network_failures_are_retried_then_named(proxied, tmp_path):
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=1, options=options)
@@ -179,6 +180,7 @@ def test_readahead_streams_whole_shards_in_shardwise_order(proxied, tmp_path):
     assert dataset.readahead_stats["bytes"] > 0.8 * total
 
 
+@pytest.mark.slow
 def test_random_order_reads_ahead_with_coalesced_ranges_or_whole_shards_and_resumes_exactly(proxied, tmp_path):
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=12, options=options)
@@ -281,6 +283,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_ten_thousand_local_shards_under_ulimit_1024(tmp_path):
     """Shard mappings are an LRU per process: 10,000 shards load every sample, in random order,
     through worker processes, with 1,024 file descriptors."""

@@ -158,6 +158,7 @@ def test_sample_grouping_problems(tmp_path):
     # a field twice in one sample: tests/test_errors.py checks that report to the letter
 
 
+@pytest.mark.slow
 def test_the_command_sums_up_and_names_every_problem(shards, tmp_path):
     result = hydrax("shards", "verify", "--decode", str(tmp_path / "good-{00..02}.tar"))
     assert result.returncode == 0, result.stderr

@@ -361,7 +361,7 @@ class Connection:
                 peers = self.peers
                 since = now - self._peer_count.changed
                 raise PeerTimeoutError(
-                    f"{doing} on {self._where()} waited {deadline - started:.3g} s with {peers} peer(s) connected "
+                    f"{doing} on {self._where()} waited {max(0.0, deadline - started):.3g} s with {peers} peer(s) connected "
                     f"(the last change {since:.1f} s ago): the peer is gone, stuck or not started; "
                     "raise the timeout if it is only slow",
                     url=self.endpoints[0].url if self.endpoints else None,
@@ -765,14 +765,24 @@ class Connection:
             return
         try:
             if self.socket.type in (zmq.PUSH, zmq.XPUB):
-                # With no consumer connected, queue the end marker if there is room, but do not
-                # wait a whole timeout for one: ``linger`` already waits for them to come.
-                self.finish(seconds=0.0 if self.peers == 0 else None)
+                self.finish(seconds=self._marker_wait(linger))
         except (ServeError, zmq.ZMQError) as exc:
             log.warning("[hydrax] could not send the end marker on %s: %s", self._where(), exc)
         finally:
             self._close_ring(linger)
             self._close_socket(linger)
+
+    def _marker_wait(self, linger: float | None) -> float | None:
+        """How long closing waits for room for the end marker: a whole ``timeout`` with a consumer
+        connected; with none on a bound socket, none at all (there is no queue until one comes,
+        and ``linger`` already waits for it); with none yet on a connecting socket, up to
+        ``linger``, because ZeroMQ queues what is sent while the connection is being made, and
+        the queue (``hwm``) may be full until it is made."""
+        if self.peers:
+            return None
+        if any(not endpoint.bind for endpoint in self.endpoints):
+            return self._default_linger() if linger is None else linger
+        return 0.0
 
     def _close_ring(self, linger: float | None) -> None:
         if self._ring is None:

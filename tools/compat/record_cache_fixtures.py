@@ -1,6 +1,6 @@
 """Record the on-disk cache fixtures from the real hydrax 0.2.2.
 
-For each scenario of ``cache_scenario.py`` (next to this script) this runs, under the *original*
+For each scenario of ``tests/support/cache_scenario.py`` this runs, under the *original*
 hydrax 0.2.2 (installed from PyPI in its own virtual environment):
 
 1. ``write``: a run over an empty cache directory; the files 0.2.2 wrote are copied to
@@ -40,15 +40,21 @@ import sys
 import tempfile
 import traceback
 
-from cache_scenario import cache_files, place, place_holding, run_phase, scenarios
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TESTS = os.path.join(ROOT, "tests")
+
+# The scenario runner shared with tests/test_cache_compat.py, in tests/support/. Only tests/ goes on
+# the path, never the repository root: hydrax must come from the 0.2.2 venv. 0.2.2's spawned
+# workers get this sys.path too, to unpickle the runner's loader.
+sys.path.insert(0, TESTS)
+from support.cache_scenario import cache_files, place, place_holding, run_phase, scenarios  # noqa: E402
 
 _OURS_WRITE = """
 import json, sys
-sys.path.insert(0, {compat!r})
-import hydrax, cache_scenario
+sys.path.insert(0, {tests!r})
+import hydrax
+from support import cache_scenario
 assert hydrax.__file__.startswith({root!r}), hydrax.__file__
 sc = [s for s in cache_scenario.scenarios() if s["name"] == {name!r}][0]
 print(json.dumps(cache_scenario.run_phase(hydrax, sc, {location!r}, "write")["loader_calls"]))
@@ -56,7 +62,7 @@ print(json.dumps(cache_scenario.run_phase(hydrax, sc, {location!r}, "write")["lo
 
 
 def write_with_ours(python: str, name: str, location: str) -> None:
-    code = _OURS_WRITE.format(compat=os.path.dirname(os.path.abspath(__file__)), root=ROOT, name=name, location=location)
+    code = _OURS_WRITE.format(tests=TESTS, root=ROOT, name=name, location=location)
     subprocess.run([python, "-c", code], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 

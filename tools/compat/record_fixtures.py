@@ -4,11 +4,19 @@ This script runs a fixed list of small, deterministic Dataloader scenarios under
 *original* hydrax 0.2.2 (installed from PyPI in a separate virtual environment, not
 our re-implementation) and writes everything each scenario yields to a JSON file.
 Our own tests replay the same scenarios against the re-implementation and compare
-(see ``tests/fixtures/compat_022.json`` for the committed output, and
-``/work/shared/hydrax-api.md`` sections 4 and 15 for the behaviour and the upstream
-defects listed in each scenario's ``upstream_defects``).
+(see ``tests/fixtures/compat_022.json`` for the committed output, and ``tests/test_compat.py``).
 
-How to rerun (from the repository root)::
+What this needs is hydrax 0.2.2 itself, from PyPI, in a virtual environment of its own (the
+repository's ``.venv`` holds ours); the behaviour it records is whatever that release does. Each
+scenario's ``upstream_defects`` lists the numbers of the 0.2.2 defects it runs into, whose wrong
+output the fixture keeps and ``tests/test_compat.py`` (its docstring says what each one is)
+replaces with ours:
+
+- 1: validation runs after the first yield no batches;
+- 2: ``interleave_groups=True`` takes the groups one after the other;
+- 13: an ``end_at`` at or before ``start_at`` never stops the run.
+
+How to rerun (from the repository root; the venv may be anywhere outside the checkout)::
 
     python3.11 -m venv /work/venv-hydrax022
     /work/venv-hydrax022/bin/pip install hydrax==0.2.2 jax jaxlib numpy
@@ -19,11 +27,11 @@ Optional extra arguments are scenario names, to run (and write) only those.
 Notes:
 - The placement function *copies* the batch (``np.array(v, copy=True)``), because
   0.2.2's default placement can alias shared memory on the CPU backend and stall
-  (hydrax-api.md section 10.3 / defect 9).
+  (0.2.2's defect 9: about half the runs of a small job stalled with its default placement).
 - Every scenario uses ``deterministic=True`` and ends through ``end_at`` or through the
   consumer breaking out after ``max_batches``, so the output is reproducible: running
   the script twice gives byte-identical JSON.
-- The scenarios are run by ``compat_scenario.py`` (next to this script), which
+- The scenarios are run by ``tests/support/compat_scenario.py``, which
   ``tests/test_compat.py`` uses too: it builds the groups, runs the Dataloader and records
   each batch. Its loader function and fail-item start-up hook are module-level because
   0.2.2 spawns its worker processes; all driving code here is under
@@ -52,8 +60,11 @@ import traceback
 
 import numpy as np
 
-# The scenario runner shared with tests/test_compat.py (this script's directory is sys.path[0]).
-from compat_scenario import DTYPE, run_scenario
+# The scenario runner shared with tests/test_compat.py, in tests/support/. Only tests/ goes on the
+# path, never the repository root: hydrax must come from the 0.2.2 venv. 0.2.2's spawned workers
+# get this sys.path too, to unpickle the runner's loader.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests"))
+from support.compat_scenario import DTYPE, run_scenario  # noqa: E402
 
 
 def place(arrays, layouts, additional, group):
@@ -234,7 +245,8 @@ def scenarios():
     # depth / loader_count variations
     out.append(S("depth2_loaders1", iw, depth=2, loader_count=1, end_at=("epoch", 2)))
 
-    # hydrax-api.md section 6 verified trace
+    # the trace verified by hand on 0.2.2: 10 items of 3, validation every epoch (5 items of 2),
+    # three epochs; validation yields batches after epoch 0 only (defect 1)
     out.append(
         S("api_section6_trace", G(10, 3, 0, False, "default"),
           validation=("epoch", 1, G(5, 2, 0, False, "default", V0)), end_at=ep3, defects=(1,))

@@ -10,9 +10,10 @@ How to rerun (from the repository root)::
     /work/venv-hydrax022/bin/pip install hydrax==0.2.2 numpy Pillow
     /work/venv-hydrax022/bin/python tools/compat/record_image_fixtures.py tests/fixtures/image_022.npz
 
-An optional second argument is the folder of ICC profiles (default: ``shared/testdata/icc``
-beside the repository). The encoded test images, with those profiles embedded, are stored in
-the fixture, so the tests do not need the profiles or the same encoder.
+An optional second argument is the folder of ICC profiles (default: the repository's
+``tests/data/icc``, whose README names each profile's origin). The encoded test images, with those
+profiles embedded, are stored in the fixture, so the tests do not need the profiles or the same
+encoder.
 
 Fixture format: an npz of arrays, plus ``meta``, a JSON string::
 
@@ -306,7 +307,7 @@ def main(argv: list[str]) -> int:
         print(f"this must run hydrax 0.2.2 from a virtual environment, not {version} at {image.__file__}", file=sys.stderr)
         return 2
     out_path = Path(argv[1]) if len(argv) > 1 else Path("tests/fixtures/image_022.npz")
-    icc_dir = Path(argv[2]) if len(argv) > 2 else Path(__file__).resolve().parents[3] / "shared" / "testdata" / "icc"
+    icc_dir = Path(argv[2]) if len(argv) > 2 else Path(__file__).resolve().parents[2] / "tests" / "data" / "icc"
 
     rng = np.random.default_rng(20240324)
     rec = Recorder()

@@ -47,9 +47,9 @@ may be shared and noisy. Per run:
 
 How to run
 ----------
-``make bench`` runs ``python tools/bench_loader.py`` in the project's venv (a few minutes).
-``python tools/bench_loader.py --quick`` is a short run (one repeat, one second per run).
-``python tools/bench_loader.py --hydrax022 /work/venv-hydrax022/bin/python`` adds rows for the
+``make bench`` runs ``python tools/bench/bench_loader.py`` in the project's venv (a few minutes).
+``python tools/bench/bench_loader.py --quick`` is a short run (one repeat, one second per run).
+``python tools/bench/bench_loader.py --hydrax022 /work/venv-hydrax022/bin/python`` adds rows for the
 original hydrax 0.2.2. ``--help`` lists the rest (``--processes``, ``--repeat``, ``--workloads``...).
 
 This file is also its own subprocess: ``--child SPEC`` runs one measurement and prints one

@@ -1,6 +1,6 @@
 """Benchmark: colour-managed decoding into a batch slot, against the plain decode and Pillow's ImageCms.
 
-    python tools/bench_image.py [--images 64] [--repeat 5] [--width 500 --height 375] [--out 224]
+    python tools/bench/bench_image.py [--images 64] [--repeat 5] [--width 500 --height 375] [--out 224]
 
 Generates ``--images`` photo-like JPEGs (q90) three times: without a profile, with the sRGB
 profile embedded and with Adobe RGB (1998) embedded (profiles from ../shared/testdata/icc). Each
@@ -31,7 +31,7 @@ from PIL import Image, ImageCms
 from hydrax.image import Coefs, decode_into
 from hydrax.image.decode import crop_box
 
-ICC = Path(__file__).resolve().parents[1] / "tests" / "data" / "icc"
+ICC = Path(__file__).resolve().parents[2] / "tests" / "data" / "icc"
 
 
 def photos(count: int, width: int, height: int, profile: bytes | None) -> list[bytes]:

@@ -1,13 +1,15 @@
 """Benchmark: which client should hydrax use for remote shards (S3, and GCS and HTTP(S))?
 
-    python tools/bench_remote_clients.py [--repeat 3] [--small 1000] [--ranges 600] [--sequential 50]
-                                         [--only perf,checks,fork,gcs,http]
+    python tools/bench/bench_remote_clients.py [--repeat 3] [--small 1000] [--ranges 600] [--sequential 50]
+                                               [--only perf,checks,fork,gcs,http]
 
-Candidates: boto3 with a thread pool (hydrax's code today), fsspec's s3fs (aiobotocore under an
-asyncio loop in a background thread), and obstore (Rust ``object_store`` under a tokio runtime),
-driven from asyncio and from a thread pool.
+Candidates: boto3 with a thread pool (what hydrax's remote shards used when this was written),
+fsspec's s3fs (aiobotocore under an asyncio loop in a background thread), and obstore (Rust
+``object_store`` under a tokio runtime), driven from asyncio and from a thread pool. hydrax has
+used obstore since, chosen from these measurements (``hydrax/shards/store.py``; the figures are in
+``docs/object-storage.rst``); boto3 is left only in the tests and benchmarks, which fill moto's buckets with it.
 
-Starts moto's S3 server in its own process, and ``tools/netproxy.py`` in another with three ports
+Starts moto's S3 server in its own process, and ``tests/support/netproxy.py`` in another with three ports
 in front of it: no delay (for the fault checks), 20 ms and 50 ms per request (plus as much again
 for the first request of each new connection: a TCP handshake). Moto's server closes every
 connection after each answer; the proxy keeps the client's connections alive, as a real store
@@ -61,7 +63,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the delaying proxy is a test helper, tests/support/netproxy.py (spawned children get this sys.path too)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 BUCKET = "data"
@@ -115,7 +118,7 @@ def server_process(argv: list[str], port: int):
 
 def _proxy_child(upstream_port: int, delays: list[float], conn) -> None:
     """Runs in its own process: one netproxy.Proxy per delay, driven over ``conn``."""
-    from netproxy import Proxy, s3_error
+    from support.netproxy import Proxy, s3_error
 
     proxies = [Proxy("127.0.0.1", upstream_port, d, connect_delay=d) for d in delays]
     conn.send([p.start() for p in proxies])
@@ -139,7 +142,7 @@ def _proxy_child(upstream_port: int, delays: list[float], conn) -> None:
 
 
 class Proxies:
-    """tools/netproxy.py proxies in a process of their own (their CPU is not ours)."""
+    """tests/support/netproxy.py proxies in a process of their own (their CPU is not ours)."""
 
     def __init__(self, upstream_port: int, delays: dict[str, float]):
         self.names = list(delays)

@@ -21,8 +21,8 @@ would for a cache reused epoch after epoch.
 
 Usage::
 
-    .venv/bin/python tools/bench_cache.py            # a table
-    .venv/bin/python tools/bench_cache.py --json     # one JSON object
+    .venv/bin/python tools/bench/bench_cache.py            # a table
+    .venv/bin/python tools/bench/bench_cache.py --json     # one JSON object
 """
 
 from __future__ import annotations

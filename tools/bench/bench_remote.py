@@ -1,7 +1,7 @@
 """Remote shards at real latency: hydrax's Dataloader against webdataset streaming, set-up time,
 and bytes read per host.
 
-moto's S3 server runs in its own process on 127.0.0.1, behind tools/netproxy.py adding a fixed
+moto's S3 server runs in its own process on 127.0.0.1, behind tests/support/netproxy.py adding a fixed
 delay to every request (real S3 first-byte latency is 10-50 ms). For each delay:
 
 - **stream**: webdataset's pipeline streaming every shard once in one process (urllib GETs
@@ -23,7 +23,7 @@ Every loader function copies the sample's bytes into the batch slot. Samples/s a
 epoch, from entering the Dataloader (or starting webdataset's pipeline) to its last sample, the
 ShardSet's set-up excluded; medians of ``--repeat`` runs, interleaved.
 
-    python tools/bench_remote.py [--delays 0.02 0.05] [--repeat 3] [--quick]
+    python tools/bench/bench_remote.py [--delays 0.02 0.05] [--repeat 3] [--quick]
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from netproxy import Proxy  # noqa: E402
+# the delaying proxy is a test helper: tests/support/netproxy.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from support.netproxy import Proxy  # noqa: E402
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 BUCKET = "bench"

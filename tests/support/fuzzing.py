@@ -18,7 +18,7 @@ from pathlib import Path
 MUTANTS = int(os.environ.get("HYDRAX_FUZZ", "400"))
 SEED = int(os.environ.get("HYDRAX_FUZZ_SEED", "1"))
 BATCH = 2000  # mutants per child process
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the children import its hydrax
 
 
 def batches() -> range:

@@ -2,8 +2,8 @@
 
 Run on a machine with a GPU JAX backend::
 
-    python tools/bench_gpu.py [--sizes 37,192] [--workers 8] [--depth 6] [--seconds 5]
-    python tools/bench_gpu.py --batch 256 ...   # one batch of 256 images instead of --sizes
+    python tools/bench/bench_gpu.py [--sizes 37,192] [--workers 8] [--depth 6] [--seconds 5]
+    python tools/bench/bench_gpu.py --batch 256 ...   # one batch of 256 images instead of --sizes
 
 Batches are uint8 images of 224 x 224 x 3; ``--sizes`` gives batch sizes in MB, each rounded to a
 whole number of images (37 MB: 246 images, 192 MB: 1276). For every size, measured side by side

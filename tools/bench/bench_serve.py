@@ -71,7 +71,7 @@ socket rows; on a 2-core machine raw pyzmq itself reaches only 1.2-1.7x tensorco
 ``--profile`` adds, after the table, one more run of each hydrax contender with the consumer
 under cProfile (wall clock, then the main thread's CPU clock), printing where its time goes.
 
-    python tools/bench_serve.py [--batches 300] [--repeats 3] [--transport tcp|ipc] [--quick]
+    python tools/bench/bench_serve.py [--batches 300] [--repeats 3] [--transport tcp|ipc] [--quick]
                                 [--json FILE] [--profile] [--also OPTIONS] [--shape DIMS] [--pin]
 """
 

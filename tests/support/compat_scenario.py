@@ -1,9 +1,10 @@
 """Run one differential-test scenario on a hydrax Dataloader and record what it yields.
 
 Shared by ``tools/compat/record_fixtures.py`` (which runs the scenarios on the original hydrax
-0.2.2 and writes ``tests/fixtures/compat_022.json``) and ``tests/test_compat.py`` (which replays
-them on our re-implementation). Both have the same public API, so the hydrax module to use is a
-parameter; this module imports neither hydrax nor, at module level, JAX.
+0.2.2 and writes ``tests/fixtures/compat_022.json``; it imports this module from ``tests/support/``)
+and ``tests/test_compat.py`` (which replays them on our re-implementation). Both have the same
+public API, so the hydrax module to use is a parameter; this module imports neither hydrax nor, at
+module level, JAX.
 
 Importing this module has no side effects: in particular it does not enable JAX x64. The caller
 does that before running a scenario (the fixture's arrays are int64).
@@ -13,7 +14,7 @@ module too: it is found on ``sys.path``, which both ``spawn`` (0.2.2) and our ``
 ``forkserver`` workers get from the parent. Keeping JAX out of the module-level imports keeps that
 import cheap.
 
-The scenario and result formats are described in ``record_fixtures.py``'s docstring.
+The scenario and result formats are described in ``tools/compat/record_fixtures.py``'s docstring.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ body bytes, fault) per request. :meth:`Proxy.stats` snapshots them; :meth:`Proxy
 Run as a program it proxies until interrupted, one listening port per ``--delay`` (each new
 connection's first request waits as long again, unless ``--connect-delay`` says otherwise)::
 
-    python tools/netproxy.py 127.0.0.1:5000 --delay 0.02 --delay 0.05
+    python tests/support/netproxy.py 127.0.0.1:5000 --delay 0.02 --delay 0.05
     # prints "listening 127.0.0.1 41234 41235"
 
 No dependencies beyond the standard library.

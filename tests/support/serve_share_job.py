@@ -1,6 +1,6 @@
 """One producer of a reliable (sharded) serve, for tests/test_serve_reliable.py.
 
-``python serve_share_job.py URL INDEX COUNT START_EPOCH START_BATCH [DELAY]``: serves share
+``python tests/support/serve_share_job.py URL INDEX COUNT START_EPOCH START_BATCH [DELAY]``: serves share
 INDEX of COUNT of a small run (2 epochs, validation every epoch) starting at
 (START_EPOCH, START_BATCH); DELAY seconds of sleep per item make it slow enough to kill mid-run.
 """

@@ -2,10 +2,11 @@
 
 Shared by ``tools/compat/record_cache_fixtures.py`` (which runs the scenarios on the original
 hydrax 0.2.2 and writes ``tests/fixtures/cache_022.json`` and the cache directories under
-``tests/fixtures/cache_022/``) and ``tests/test_cache_compat.py`` (which runs them on ours). Both
-libraries have the same public API, so the hydrax module is a parameter; this module imports
-neither hydrax nor, at module level, JAX. JAX's x64 mode stays off: the files store int64, uint8
-and float16, the arrays are int32 and float32 (the cache converts between them).
+``tests/fixtures/cache_022/``; it imports this module from ``tests/support/``) and
+``tests/test_cache_compat.py`` (which runs them on ours). Both libraries have the same public API,
+so the hydrax module is a parameter; this module imports neither hydrax nor, at module level, JAX.
+JAX's x64 mode stays off: the files store int64, uint8 and float16, the arrays are int32 and
+float32 (the cache converts between them).
 
 A scenario runs in *phases* over one cache directory: ``write`` (a writable cache: direct mode
 writes the loaders' arrays; explicit mode calls ``batch.cache`` with arrays computed from the

@@ -17,7 +17,7 @@ Each measurement runs in a fresh process with ``XLA_FLAGS=--xla_force_host_platf
 runs are interleaved and repeated (``--repeat``), and the table shows medians and ratios to the
 ``sharding=`` path's partners, because the machine may be shared and noisy::
 
-    python tools/bench_sharding.py [--repeat 3] [--seconds 3] [--quick]
+    python tools/bench/bench_sharding.py [--repeat 3] [--seconds 3] [--quick]
 """
 
 from __future__ import annotations

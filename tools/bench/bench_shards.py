@@ -1,6 +1,6 @@
 """Benchmark: tar shard indexing, hydrax's header-scanning kernel against Python's ``tarfile``.
 
-    python tools/bench_shards.py [--samples 20000] [--payload 4096] [--repeat 5]
+    python tools/bench/bench_shards.py [--samples 20000] [--payload 4096] [--repeat 5]
 
 Part 1 writes one shard of ``--samples`` samples (a ``.jpg`` of about ``--payload`` bytes and a
 ``.cls``), then times, alternately, from the page cache: ``tarfile`` listing its members; hydrax

@@ -1,9 +1,9 @@
-"""One process of a (possibly multi-process) training job, for tests/test_sharding.py.
+"""One process of a (possibly multi-process) training job, for tests/test_sharding.py and test_cache.py.
 
-Run as ``python global_batches_job.py CONFIG_JSON`` (one process per JAX process). It loads a
-small deterministic dataset with hydrax and writes, as JSON on its last stdout line, every batch
-it got: numbering, item indices, seeds and, for each array, every addressable device's shard
-(its index in the global array, its values, and whether its buffer lies in hydrax's arena).
+Run as ``python tests/support/global_batches_job.py CONFIG_JSON`` (one process per JAX process).
+It loads a small deterministic dataset with hydrax and writes, as JSON on its last stdout line,
+every batch it got: numbering, item indices, seeds and, for each array, every addressable device's
+shard (its index in the global array, its values, and whether its buffer lies in hydrax's arena).
 
 Config keys: ``process_id``, ``process_count``, ``devices`` (per process), ``port``, ``mesh``
 (``none`` for the plain single-process reference, ``data``, ``interleaved``, ``2d``,

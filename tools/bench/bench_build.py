@@ -1,6 +1,6 @@
 """Benchmark: ``hydrax shards build`` against webdataset's ShardWriter driven by a plain loop.
 
-    python tools/bench_build.py [--images 2000] [--maxcount 500] [--repeat 3]
+    python tools/bench/bench_build.py [--images 2000] [--maxcount 500] [--repeat 3]
 
 Generates a class-per-subfolder folder of ``--images`` JPEGs (about 320x240, quality 90, 10
 classes; photographic-looking noise, so the files are of realistic size), then times, in

@@ -1,0 +1,22 @@
+"""What the tests use and are not tests themselves; imported as ``support.<module>``.
+
+pytest puts ``tests/`` on ``sys.path`` (``tests/conftest.py`` belongs to no package), so this
+package is importable from every test module, and from the worker processes they start, which
+take the parent's ``sys.path``. The test modules stay flat in ``tests/``: the fork server preloads
+them by their top-level names.
+
+- ``proctable``: the live processes, from /proc (the leak checks of ``conftest.py``);
+- ``sigint``: ``preexec_fn`` for a child a test sends Ctrl+C (SIGINT), whatever started pytest;
+- ``fuzzing``: mutant counts and running a batch of mutants in a child (``test_fuzz_*.py``);
+- ``netproxy``: a delaying, fault-injecting HTTP proxy, for the remote-shard tests and the
+  benchmarks in ``tools/bench/``; also a script (``python tests/support/netproxy.py --help``);
+- ``global_batches_job``: one process of a training job, run as a script by ``test_sharding.py``
+  and ``test_cache.py``;
+- ``serve_share_job``: one producer of a reliable serve, run as a script (and imported) by
+  ``test_serve_reliable.py``;
+- ``compat_scenario``, ``cache_scenario``: the differential scenarios that
+  ``tools/compat/record_fixtures.py`` and ``record_cache_fixtures.py`` recorded under hydrax 0.2.2,
+  replayed on ours by ``test_compat.py`` and ``test_cache_compat.py``.
+
+Tools may use these modules; the tests never import anything from ``tools/``.
+"""
