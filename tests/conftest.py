@@ -2,6 +2,7 @@
 
 import multiprocessing as mp
 import os
+import signal
 import time
 
 import pytest
@@ -83,6 +84,14 @@ def _warm_forkserver() -> None:
 
 
 _warm_forkserver()
+
+# A shell without job control (a script, ``sh -c '... &'``, some CI runners) starts background
+# commands with SIGINT ignored, and an ignored signal stays ignored in every child, through fork
+# and exec: a Python child then has no KeyboardInterrupt, and the tests that press Ctrl+C on a
+# training script or a command would wait for an exit that never comes. With a handler here (as
+# Python installs under a terminal), exec gives every child SIGINT at its default again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):

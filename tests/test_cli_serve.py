@@ -13,7 +13,6 @@ import pytest
 
 from hydrax.serve import Connection
 from hydrax.shards import ShardWriter
-from support.sigint import default_sigint
 
 pytest.importorskip("PIL")
 
@@ -25,9 +24,8 @@ def hydrax(*args, timeout=60):
 
 
 def start(*args):
-    """``hydrax ARGS`` in the background; Ctrl+C (SIGINT) reaches it however pytest was started."""
-    return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+    """``hydrax ARGS`` in the background (Ctrl+C reaches it however pytest was started: see conftest.py)."""
+    return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(process, timeout=60):

@@ -10,8 +10,6 @@ import time
 
 import pytest
 
-from support.sigint import default_sigint
-
 HEADER = """
 import json, os, signal, sys, threading, time
 import multiprocessing as mp
@@ -151,8 +149,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("presses", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_ctrl_c_interrupts_then_aborts_then_terminates(tmp_path, presses):
     path = script(tmp_path, SIGINT_SCRIPT)
-    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               preexec_fn=default_sigint)  # Ctrl+C reaches it however pytest was started
+    process = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         pids = json.loads(read_until(process, "PIDS").split(" ", 1)[1])
         read_until(process, "READY")

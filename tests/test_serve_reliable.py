@@ -21,7 +21,6 @@ from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
 from hydrax.serve import Collector, Curve, curve_keypair
 from support.serve_share_job import make_loader
-from support.sigint import default_sigint
 
 JOB = str(Path(__file__).resolve().parent / "support" / "serve_share_job.py")
 ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
@@ -39,8 +38,7 @@ SCHEMA = [("item", "int32", (None,)), ("seed", "uint32", (None,)), ("vec", "floa
 def producer(url: str, index: int, count: int, start=(0, 0), delay: float = 0.0, env=None) -> subprocess.Popen:
     # Ctrl+C (SIGINT) reaches the producer however pytest was started
     return subprocess.Popen([sys.executable, JOB, url, str(index), str(count), str(start[0]), str(start[1]), str(delay)],
-                            env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_sigint)
+                            env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def ready(process: subprocess.Popen) -> subprocess.Popen:

@@ -6,7 +6,6 @@ take the parent's ``sys.path``. The test modules stay flat in ``tests/``: the fo
 them by their top-level names.
 
 - ``proctable``: the live processes, from /proc (the leak checks of ``conftest.py``);
-- ``sigint``: ``preexec_fn`` for a child a test sends Ctrl+C (SIGINT), whatever started pytest;
 - ``fuzzing``: mutant counts and running a batch of mutants in a child (``test_fuzz_*.py``);
 - ``netproxy``: a delaying, fault-injecting HTTP proxy, for the remote-shard tests and the
   benchmarks in ``tools/bench/``; also a script (``python tests/support/netproxy.py --help``);
@@ -14,6 +13,11 @@ them by their top-level names.
   and ``test_cache.py``;
 - ``serve_share_job``: one producer of a reliable serve, run as a script (and imported) by
   ``test_serve_reliable.py``;
+- ``agreement_job``: one process of a two-process run driving the host agreement by hand, run
+  as a script by ``test_hosts.py``;
+- ``workbench``: an arena and a worker pool driven by hand with task records, and an engine
+  without a Dataloader (``test_workers.py``, ``test_diagnosis.py``, ``test_assembly.py``,
+  ``test_engine.py``, ``test_pipeline.py``);
 - ``compat_scenario``, ``cache_scenario``: the differential scenarios that
   ``tools/compat/record_fixtures.py`` and ``record_cache_fixtures.py`` recorded under hydrax 0.2.2,
   replayed on ours by ``test_compat.py`` and ``test_cache_compat.py``.
