@@ -38,6 +38,7 @@ class Loading:
     seconds: float
 
     def words(self) -> str:
+        """What the worker is loading, in words (for errors and timeouts)."""
         return (f"item {self.index} ({self.item}) of {self.kind} group {self.group}, position {self.position} of "
                 f"{self.batch}, for {self.seconds:.1f} s")
 

@@ -140,6 +140,7 @@ class Pipeline:
             self._fill()
 
     def start(self) -> None:
+        """Start the pipeline thread (the workers are started by then)."""
         self.thread.start()
 
     def stop(self) -> None:
@@ -383,6 +384,7 @@ class _HealthClock:
         self._next = self._last = time.monotonic()
 
     def due(self) -> bool:
+        """Whether the heartbeats are to be checked now."""
         now = time.monotonic()
         if now < self._next:
             return False

@@ -219,6 +219,7 @@ def release_fork_server() -> None:
 
 
 def die_with_parent() -> None:
+    """Have the kernel send this process SIGKILL when its parent dies (``PR_SET_PDEATHSIG``)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -238,6 +239,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def tune_malloc() -> None:
+    """Apply :data:`MALLOC_MMAP_THRESHOLD` and :data:`MALLOC_TRIM_THRESHOLD` in this (worker)
+    process, unless the environment asks for other settings."""
     if os.environ.get("HYDRAX_MALLOC_TUNING") == "0":
         return
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):

@@ -77,6 +77,7 @@ class GroupRun:
 
     @property
     def training(self) -> bool:
+        """Whether this is a training group (its items have seeds, its order changes by epoch)."""
         return self.kind == "training"
 
     @property

@@ -154,6 +154,7 @@ class _ItemViews:
         self.counts = [_refcounts(item) for item in self.views]
 
     def dangling(self, k: int) -> bool:
+        """Whether ``loader_func`` kept a reference to one of item ``k``'s views."""
         return _refcounts(self.views[k]) != self.counts[k]
 
 
@@ -205,6 +206,8 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
 
 
 class _Loop:
+    """One worker's loop: tasks from the shared pipe, items into the slots, completions back."""
+
     def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions) -> None:
         self.config = config
         self.tasks = tasks
@@ -216,6 +219,7 @@ class _Loop:
         self.orders: dict[tuple[int, int], Any] = {}
 
     def item_views(self, slot: int, group: int) -> _ItemViews:
+        """The views of every item's place in ``slot`` for ``group``, built once."""
         key = (slot, group)
         views = self.views.get(key)
         if views is None:
@@ -226,6 +230,7 @@ class _Loop:
         return views
 
     def order(self, group: int, epoch: int):
+        """The item order of ``group`` in ``epoch``, computed once for the few epochs in flight."""
         key = (group, epoch)
         if key not in self.orders:
             spec = self.config.groups[group]
@@ -235,6 +240,7 @@ class _Loop:
         return self.orders[key]
 
     def run(self) -> None:
+        """Take tasks and send completions until the task pipe closes or the stop word is set."""
         fd = self.tasks
         while True:
             try:

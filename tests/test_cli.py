@@ -19,6 +19,7 @@ def test_version_and_help():
     assert result.returncode == 2 and "info" in result.stdout and "demo" in result.stdout
 
 
+@pytest.mark.slow
 def test_info_reports_backend_and_start_method():
     result = hydrax("info")
     assert result.returncode == 0, result.stderr
@@ -103,6 +104,7 @@ def test_python_m_hydrax_is_the_command():
         assert "example: hydrax" in help_text, command
 
 
+@pytest.mark.slow
 def test_bench_reads_shards_from_s3(s3_store, tmp_path):
     import os
 

@@ -75,7 +75,7 @@ def check_epoch(batches):
     assert sorted(labels) == list(range(SAMPLES))
 
 
-@pytest.mark.parametrize("shared", [(), ("--shared-memory",)], ids=["socket", "shared-memory"])
+@pytest.mark.parametrize("shared", [(), pytest.param(("--shared-memory",), marks=pytest.mark.slow)], ids=["socket", "shared-memory"])
 def test_serve_sends_one_epoch_to_a_hydrax_connection(shards, shared):
     port = free_port()
     with Connection(f"zpull://127.0.0.1:{port}", timeout=30) as connection:
@@ -95,6 +95,7 @@ def test_serve_sends_one_epoch_to_a_hydrax_connection(shards, shared):
     assert "served 3 batches" in out.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_serve_publishes_to_a_tensorcom_subscriber(shards):
     zcom = pytest.importorskip("tensorcom.zcom")
     import zmq
@@ -113,6 +114,7 @@ def test_serve_publishes_to_a_tensorcom_subscriber(shards):
     check_epoch(batches)
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_stream_cleanly(shards):
     port = free_port()
     process = start("serve", shards, f"zrpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),

@@ -119,6 +119,7 @@ def check_stats(found, samples):
     assert found["labels"] == {"fields": {"cls": len(samples)}, "counts": dict(sorted(labels.items()))}
 
 
+@pytest.mark.slow
 def test_stat_counts_sizes_pixels_and_labels(dataset, tmp_path):
     paths, samples = dataset
     result = hydrax("stat", "--json", str(tmp_path / "train-{00..02}.tar"))
@@ -236,6 +237,7 @@ def test_an_unreachable_endpoint_is_named_and_fails_fast(tmp_path):
         assert time.monotonic() - started < 30
 
 
+@pytest.mark.slow
 def test_index_with_workers_writes_what_one_process_writes_and_names_a_damaged_shard(tmp_path):
     folders = {}
     for workers in (1, 2):

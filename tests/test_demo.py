@@ -113,6 +113,7 @@ def test_the_shipped_digits_build_the_repository_shards(tmp_path):
             assert int(bytes(ours["cls"])) == labels[number] and (number % 6 == 0) == (split == "val")
 
 
+@pytest.mark.slow
 def test_demo_says_why_it_cannot_find_shards(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hydrax", "demo", "--shards", str(tmp_path / "nowhere")],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)

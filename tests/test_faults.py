@@ -198,6 +198,7 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path, warm_jax):
     assert wait_gone(pids) == []
 
 
+@pytest.mark.slow
 def test_fork_path_reports_loader_errors_and_dangling_references(tmp_path):
     path = script(tmp_path, """
     KEPT = []
@@ -223,6 +224,7 @@ def test_fork_path_reports_loader_errors_and_dangling_references(tmp_path):
     assert result.stderr.count("RuntimeWarning: loader memory has dangling reference") == 1  # not for the item that raised
 
 
+@pytest.mark.slow
 def test_forkserver_runs_a_loader_defined_in_main_and_explains_unpicklable_ones(tmp_path):
     path = script(tmp_path, """
     def load(item, arrays, seed):

@@ -84,7 +84,7 @@ def test_stream_positions_split_the_stream():
     assert next(stream_positions(1, 3, 5)) == 7
 
 
-@pytest.mark.parametrize("shares", [1, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("shares", [pytest.param(1, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_remote_run_equals_local_run(shares):
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, shares) for k in range(shares)]

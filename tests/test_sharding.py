@@ -132,7 +132,7 @@ def check_against(reports: list[dict], expected: list[dict], aliased: bool = Tru
 JOB_CONFIG = dict(batch_size=16, items=72, end_at=["epoch", 2], validation=["batch", 3])
 
 
-@pytest.mark.parametrize("processes,devices", [(1, 8), pytest.param(2, 4, marks=pytest.mark.multiprocess),
+@pytest.mark.parametrize("processes,devices", [pytest.param(1, 8, marks=pytest.mark.slow), pytest.param(2, 4, marks=pytest.mark.multiprocess),
                                                pytest.param(4, 2, marks=pytest.mark.multiprocess)])
 def test_global_batches_equal_the_single_process_run(processes, devices):
     reports = run_job(processes, devices, "data", **JOB_CONFIG)

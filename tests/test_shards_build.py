@@ -85,6 +85,7 @@ def test_identical_input_gives_byte_identical_shards_whatever_the_workers(folder
         assert first == (tmp_path / "b" / f"s-{n:02d}.tar").read_bytes() == (tmp_path / "c" / f"s-{n:02d}.tar").read_bytes()
 
 
+@pytest.mark.slow
 def test_shuffle_permutes_with_pcg64_and_the_seed_fixes_it(folder, tmp_path):
     root, _ = folder
     samples = samples_from_folder(root)
