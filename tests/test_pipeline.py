@@ -17,7 +17,7 @@ def load(item, arrays, seed):
 
 def load_first_batch_slowly(item, arrays, seed):
     if item < 2:
-        time.sleep(0.5)
+        time.sleep(1.0)
     load(item, arrays, seed)
 
 
@@ -60,9 +60,11 @@ def test_chunks_cover_the_batch_in_near_equal_ranges(batch_size, chunks):
 
 
 def test_a_slow_batch_still_comes_first_and_a_non_deterministic_run_does_not_wait_for_it():
-    _, ordered = run(load_first_batch_slowly, RunPolicy(loader_count=2, depth=4))
+    # The first batch is spread over every worker: with 4 workers, its 2 slow items hold 2 of
+    # them, and the other 2 load the next batches meanwhile.
+    _, ordered = run(load_first_batch_slowly, RunPolicy(loader_count=4, depth=4))
     assert ordered[:-1] == [[0, 1], [2, 3], [4, 5], [6, 7]] and isinstance(ordered[-1], End)
-    _, loose = run(load_first_batch_slowly, RunPolicy(loader_count=2, depth=4, deterministic=False))
+    _, loose = run(load_first_batch_slowly, RunPolicy(loader_count=4, depth=4, deterministic=False))
     assert sorted(loose[:-1]) == [[0, 1], [2, 3], [4, 5], [6, 7]] and loose[0] != [0, 1]
 
 
