@@ -12,6 +12,7 @@ Everything here is decided before any process or thread starts; the pipeline onl
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Sequence
@@ -20,8 +21,8 @@ from .cache import GroupCache, open_group_cache
 from .group import DataGroup
 from .layout import ArrayLayout, SlotLayout, slot_layout
 from .messages import TASK_BYTES
-from .schedule import (GroupPlan, Plan, Step, TrainingStep, host_share, item_order, local_items, normalise_start, read_order,
-                       share_ranges, validation_item_order)
+from .schedule import (GroupPlan, Plan, Step, TrainingStep, group_item_order, host_share, local_items, normalise_start, read_order,
+                       share_ranges)
 from .sharding import GroupSharding, as_shardings, plan_group
 
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
@@ -92,10 +93,7 @@ class GroupRun:
 
     def items(self, step: Step) -> Sequence[int]:
         """The indices of the items of this process's share of ``step``'s batch."""
-        if isinstance(step, TrainingStep):
-            order = item_order(self.plan, step.epoch)
-        else:
-            order = validation_item_order(self.plan)
+        order = group_item_order(self.plan, self.epoch_of(step), self.training)
         return local_items(self.plan, order, step.group_index)
 
     def read_order(self, step: Step) -> str:
@@ -232,8 +230,6 @@ def share_layout(group: DataGroup, plan: GroupPlan, sharding: GroupSharding | No
 def with_cachers(policy: RunPolicy, groups: RunGroups) -> RunPolicy:
     """``policy`` with as many cache writer threads as the caches need: none when every cache
     is read-only, at most ``depth`` (a warning says so)."""
-    import warnings
-
     if not any(g.cache is not None and not g.cache.readonly for g in groups):
         return replace(policy, cacher_count=0)
     if policy.cacher_count < 1:

@@ -185,6 +185,12 @@ def validation_item_order(plan: GroupPlan) -> np.ndarray | None:
     return permutation(plan.seed, plan.size) if plan.shuffle_first else None
 
 
+def group_item_order(plan: GroupPlan, epoch: int, training: bool = True) -> np.ndarray | None:
+    """The item order a batch of ``epoch`` takes its items from: :func:`item_order` for a training
+    group, :func:`validation_item_order` (the same every time) for a validation group."""
+    return item_order(plan, epoch) if training else validation_item_order(plan)
+
+
 def batch_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
     """The order in which a training group's batches are taken in ``epoch`` (None: identity)."""
     if plan.shuffle_later == "batchwise" and epoch > 0:

@@ -38,7 +38,7 @@ from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
 from .pickling import dumps, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
-from .schedule import GroupPlan, item_order, local_items, local_seeds, validation_item_order
+from .schedule import GroupPlan, group_item_order, local_items, local_seeds
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class _Loop:
             spec = self.config.groups[group]
             if len(self.orders) > 8:
                 self.orders.clear()
-            self.orders[key] = item_order(spec.plan, epoch) if spec.training else validation_item_order(spec.plan)
+            self.orders[key] = group_item_order(spec.plan, epoch, spec.training)
         return self.orders[key]
 
     def run(self) -> None:

@@ -4,12 +4,11 @@ import logging
 
 import jax.numpy as jnp
 import numpy as np
+from support.workbench import plan_training
 
 from hydrax import DataGroup
 from hydrax.announce import MAX_LOOKAHEAD, Announcer, reads_ahead
 from hydrax.inflight import InFlight
-from hydrax.run import plan_run
-from hydrax.run import RunPolicy
 from hydrax.schedule import iter_steps
 
 
@@ -33,8 +32,7 @@ class Reader(list):
 
 def setup(data, depth=2, epochs=2):
     group = DataGroup(2, data, loader_arrays={"x": ((), np.int32, jnp.int32)}, seed=1)
-    schedule, groups = plan_run([group], [], RunPolicy(), validation_mode=None, validation_interval=1, start_at=(0, 0),
-                                end_at=("epoch", epochs), interleave=True)
+    schedule, groups = plan_training(group, epochs=epochs)
     return Announcer(iter_steps(schedule), groups, depth), groups, list(iter_steps(schedule))
 
 

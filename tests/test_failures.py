@@ -3,12 +3,13 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.workbench import plan_training
 
 from hydrax import BatchFailedError, DataGroup
 from hydrax.failures import FailureBudget
 from hydrax.inflight import InFlight
 from hydrax.messages import Completion
-from hydrax.run import RunPolicy, plan_run
+from hydrax.run import RunPolicy
 from hydrax.schedule import iter_steps
 
 GROUP = DataGroup(2, range(8), loader_arrays={"x": ((), np.int32, jnp.int32)})
@@ -16,8 +17,7 @@ GROUP = DataGroup(2, range(8), loader_arrays={"x": ((), np.int32, jnp.int32)})
 
 def records(n=4, policy=None):
     policy = policy or RunPolicy()
-    schedule, groups = plan_run([GROUP], [], policy, validation_mode=None, validation_interval=1, start_at=(0, 0),
-                                end_at=("epoch", 3), interleave=True)
+    schedule, groups = plan_training(GROUP, epochs=3, policy=policy)
     steps = list(iter_steps(schedule))[:n]
     return [InFlight(seq, step, groups.of(step), 0, groups.of(step).items(step), 1) for seq, step in enumerate(steps)]
 

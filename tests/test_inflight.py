@@ -2,16 +2,15 @@
 
 import jax.numpy as jnp
 import numpy as np
+from support.workbench import plan_training
 
 from hydrax import DataGroup
 from hydrax.inflight import InFlight
-from hydrax.run import RunPolicy, plan_run
 from hydrax.schedule import iter_steps
 
 
 def record(tasks=2):
-    schedule, groups = plan_run([DataGroup(4, range(8), loader_arrays={"x": ((), np.int32, jnp.int32)})], [], RunPolicy(),
-                                validation_mode=None, validation_interval=1, start_at=(0, 0), end_at=("epoch", 1), interleave=True)
+    schedule, groups = plan_training(DataGroup(4, range(8), loader_arrays={"x": ((), np.int32, jnp.int32)}))
     step = next(iter_steps(schedule))
     return InFlight(0, step, groups.of(step), 1, groups.of(step).items(step), tasks)
 

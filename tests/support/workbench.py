@@ -20,10 +20,16 @@ from hydrax.inflight import InFlight
 from hydrax.messages import Task
 from hydrax.processes import start_method
 from hydrax.run import RunGroups, RunPolicy, plan_run
-from hydrax.schedule import iter_steps
+from hydrax.schedule import Plan, iter_steps
 from hydrax.workers import GroupSpec, WorkerConfig, WorkerPool
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32)}
+
+
+def plan_training(group: DataGroup, *, epochs: int = 1, policy: RunPolicy | None = None) -> tuple[Plan, RunGroups]:
+    """The schedule and groups of a run of ``epochs`` epochs over the one training ``group``."""
+    return plan_run([group], [], policy or RunPolicy(), validation_mode=None, validation_interval=1, start_at=(0, 0),
+                    end_at=("epoch", epochs), interleave=True)
 
 
 @dataclass
@@ -67,8 +73,7 @@ def workbench(loader: Callable, *, workers: int = 1, method: str | None = None, 
     first batches, one each) are queued before the workers start. ``method``: how the workers
     start (default: as a run would, see :func:`hydrax.processes.start_method`)."""
     group = DataGroup(batch_size, data, loader_arrays=ARRAYS, seed=7)
-    schedule, groups = plan_run([group], [], RunPolicy(), validation_mode=None, validation_interval=1, start_at=(0, 0),
-                                end_at=("epoch", 2), interleave=True)
+    schedule, groups = plan_training(group, epochs=2)
     arena = Arena(2, groups.training[0].layout.size, workers)
     config = WorkerConfig(loader, startup, 0, [GroupSpec(run.group.data, run.plan, run.layout.item_places(), run.training)
                                                for run in groups], arena.spec(), skip_failed_items=skip_failed_items)
@@ -100,8 +105,7 @@ def make_engine(loader: Callable, policy=None, *, data: Any = range(8), batch_si
     from hydrax.run import with_cachers
 
     policy = policy or RunPolicy(loader_count=2)
-    schedule, groups = plan_run([DataGroup(batch_size, data, loader_arrays=ARRAYS, **group)], [], policy, validation_mode=None,
-                                validation_interval=1, start_at=(0, 0), end_at=("epoch", epochs), interleave=True)
+    schedule, groups = plan_training(DataGroup(batch_size, data, loader_arrays=ARRAYS, **group), epochs=epochs, policy=policy)
     return Engine(schedule, groups, with_cachers(policy, groups), RunFunctions(loader))
 
 
