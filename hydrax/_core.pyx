@@ -31,7 +31,14 @@ extension to build and ship, with each family of kernels in an include file of i
   matrix, the output encoding (sRGB, linear or Oklab) and a per-channel affine map, into a batch
   slot in one pass, uint8 or float32, HWC or CHW.
 
-``hydrax/_fallback.py`` has pure-Python twins of the tar kernels; the tests use them as the oracle.
+``_permute.pxi``: orders computed, not stored.
+
+- :func:`feistel_permute` maps positions to items through a keyed bijection of ``[0, n)`` (a
+  Feistel network with cycle walking), so an epoch's order of a billion items costs nothing to
+  hold and a few nanoseconds per item to compute (see :mod:`hydrax.permute`).
+
+``hydrax/_fallback.py`` has pure-Python twins of the tar and permutation kernels; the tests use
+them as the oracle.
 """
 
 # The include files share this module's namespace: a name more than one family uses is cimported
@@ -43,3 +50,4 @@ from libc.string cimport memcpy
 include "_arena.pxi"
 include "_tar.pxi"
 include "_pixels.pxi"
+include "_permute.pxi"

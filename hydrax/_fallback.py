@@ -1,7 +1,8 @@
 """Readable pure-Python twins of the tar kernels of ``_core`` (``_tar.pxi``): the tests' oracle.
 
 Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long as it keeps
-agreeing with its twin here.
+agreeing with its twin here. It also holds the numpy twin of the permutation kernel
+(``_permute.pxi``): :func:`feistel_permute`.
 """
 
 from __future__ import annotations
@@ -195,3 +196,51 @@ def check_index(key_ends, sample_ends, entry_field, entry_offset, entry_size, ke
     if any(o < 0 or n < 0 or o + n > shard_size for o, n in zip(entry_offset.tolist(), entry_size.tolist())):
         return 4
     return 0
+
+
+# The permutation kernel's twin (``_permute.pxi``), in numpy: every position moves through the
+# network at once, and only the positions that landed outside [0, n) go round again.
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64_mix(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer on a uint64 array (numpy's array products wrap mod 2**64)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * _MIX_1
+    z = z ^ (z >> np.uint64(27))
+    z = z * _MIX_2
+    return z ^ (z >> np.uint64(31))
+
+
+def _feistel_network(x: np.ndarray, keys: np.ndarray, half: int) -> np.ndarray:
+    shift, mask = np.uint64(half), np.uint64((1 << half) - 1)
+    left, right = x >> shift, x & mask
+    for key in keys:
+        left, right = right, left ^ (_splitmix64_mix(right ^ key) & mask)
+    return (left << shift) | right
+
+
+def feistel_permute(n: int, keys, positions) -> np.ndarray:
+    """Twin of :func:`hydrax._core.feistel_permute`, returning the int64 indices instead of
+    filling ``out``."""
+    n = int(n)
+    keys = np.asarray(keys, np.uint64).reshape(-1)
+    positions = np.asarray(positions, np.int64).reshape(-1)
+    if len(keys) == 0:
+        raise ValueError("a permutation needs at least one round key")
+    if n > 1 << 63:
+        raise ValueError(f"n = {n} is more than 2**63: the indices would not fit in int64")
+    outside = np.flatnonzero((positions < 0) | (positions.astype(np.uint64) >= np.uint64(n)))
+    if len(outside):
+        bad = int(outside[0])
+        raise ValueError(f"position {positions[bad]} (at index {bad}) is outside [0, {n})")
+    if n <= 1:
+        return positions.copy()
+    half = (max(2, (n - 1).bit_length()) + 1) // 2
+    x = positions.astype(np.uint64)
+    walking = np.arange(len(x))
+    while len(walking):
+        x[walking] = _feistel_network(x[walking], keys, half)
+        walking = walking[x[walking] >= np.uint64(n)]
+    return x.astype(np.int64)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .inflight import InFlight
-from .run import RunGroups
+from .run import GroupRun, RunGroups
 from .schedule import Step
 
 log = logging.getLogger("hydrax.pipeline")
@@ -28,6 +28,14 @@ def reads_ahead(data: object) -> bool:
     return callable(getattr(data, "prefetch", None)) and callable(getattr(data, "release", None))
 
 
+def batches_ahead(groups: RunGroups, depth: int) -> int:
+    """How many steps beyond those being loaded the run announces: none without data that reads
+    ahead, else enough for half its read-ahead memory, at least ``depth``, at most :data:`MAX_LOOKAHEAD`."""
+    wanted = [-(-int(getattr(run.group.data, "prefetch_items", 0) or 0) // max(1, run.plan.local_batch_size))
+              for run in groups if reads_ahead(run.group.data)]
+    return max(depth, min(MAX_LOOKAHEAD, max(wanted))) if wanted else 0
+
+
 class Announcer:
     """The next steps of the schedule, each announced to its group's data when it is queued.
 
@@ -35,24 +43,21 @@ class Announcer:
     after that must not inherit them. Steps taken before are announced then.
 
     :param depth: the run's slots: at least that many batches are announced ahead.
+    :param items: the items of a step's batch (default :meth:`hydrax.run.GroupRun.items`; the
+        pipeline passes :meth:`hydrax.orderbook.RunOrders.items`, which keeps the orders).
     """
 
-    def __init__(self, steps: Iterator[Step], groups: RunGroups, depth: int) -> None:
+    def __init__(self, steps: Iterator[Step], groups: RunGroups, depth: int,
+                 items: Callable[[GroupRun, Step], Sequence[int]] | None = None) -> None:
         self._steps = steps
         self._groups = groups
+        self._items = items or (lambda run, step: run.items(step))
         self._readers = {run.index: run.group.data for run in groups if reads_ahead(run.group.data)}
         self._ahead: deque[tuple[Step, int | None]] = deque()
-        self._lookahead = self._batches_ahead(depth)
+        self._lookahead = batches_ahead(groups, depth)
         self._announcing = False
         self._last_key = 0
         self._announced: dict[int, int] = {}  # prefetch key -> group index
-
-    def _batches_ahead(self, depth: int) -> int:
-        if not self._readers:
-            return 0
-        wanted = [-(-int(getattr(data, "prefetch_items", 0) or 0) // max(1, self._groups[g].plan.local_batch_size))
-                  for g, data in self._readers.items()]
-        return max(depth, min(MAX_LOOKAHEAD, max(wanted)))
 
     def take(self) -> tuple[Step, int | None] | None:
         """The next step of the schedule and its announcement's key (None when not announced), or
@@ -111,7 +116,7 @@ class Announcer:
         self._last_key += 1
         key = self._last_key
         try:
-            data.prefetch(key, run.items(step), run.read_order(step))
+            data.prefetch(key, self._items(run, step), run.read_order(step))
         except Exception:  # read-ahead is an optimisation: the workers still read what they need
             log.warning("[hydrax] read-ahead failed; loading goes on without it:", exc_info=True)
             return None

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .arena import Arena
+from .arena import Arena, FdHandle
 from .cache import CacheWriter, RunCache
 from .hosts import HostAgreement, distributed_client
 from .pipeline import Pipeline
@@ -76,12 +76,16 @@ class Engine:
         self.pipeline = Pipeline(steps=iter_steps(self._plan), groups=self._groups, policy=policy, arena=self.arena,
                                  pool=self.pool, cache=self.cache, placement_func=self._functions.placement_func,
                                  agreement=self.agreement)
+        book = self.pipeline.orders.book
+        config.orders = book.spec if book else None
         self.pipeline.prefill()
         # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
         # TypeError) here, naming the part and what to do.
         if policy.loader_count:
-            self.pool.start(policy.loader_count, config, self.arena.handle(), self._functions.modules())
+            orders = FdHandle(book.fd) if book else None
+            self.pool.start(policy.loader_count, config, self.arena.handle(), self._functions.modules(), orders)
         self.arena.close_fd()
+        book.close_fd()
         self.pipeline.start()
         if self.agreement is not None:
             self.agreement.start()

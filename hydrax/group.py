@@ -18,7 +18,7 @@ import numpy as np
 from .cache import CacheSettings
 from .layout import ArrayLayout, ArraySpec, compute_layouts
 from .processes import watch_jax_start
-from .schedule import SHUFFLE_MODES, GroupPlan
+from .schedule import PERMUTATIONS, SHUFFLE_MODES, GroupPlan
 
 __all__ = ["ArrayLayout", "ArraySpec", "DataGroup"]  # the layout types, as hydrax 0.2.2 had them here
 
@@ -34,8 +34,9 @@ class DataGroup(Sequence[D], Generic[D]):
     :param batch_size: items per batch; clamped to ``len(data)``. The remainder
         (``len(data) % batch_size`` items) is dropped every epoch.
     :param data: the item descriptors. A ``Sequence`` is kept by reference (do not modify it
-        afterwards); any other iterable is materialised with ``list``. Items are passed to the
-        ``loader_func`` in worker processes.
+        afterwards), and so is a numpy array (or any other buffer, as an array): a ``range`` or an
+        array of a billion items costs nothing more. Any other iterable is materialised with
+        ``list``. Items are passed to the ``loader_func`` in worker processes.
     :param loader_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays the loader
         fills for each item. Each array of a batch has shape ``(batch_size, *item_shape)``.
     :param cache_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays of a
@@ -72,6 +73,14 @@ class DataGroup(Sequence[D], Generic[D]):
         number of hosts, so a run resumes exactly with any process count that divides it. It must
         divide ``batch_size``; 1 (default) keeps the order of earlier versions. See
         :func:`hydrax.schedule.shardwise_order` and :func:`hydrax.schedule.host_shards`.
+    :param permutation: (hydrax extension) how the shuffled orders are made. ``"numpy"``
+        (default): hydrax 0.2.2's orders, bit for bit; each is an array of N indices, computed
+        whole by the main process (O(N) time per epoch) and stored once per host for its
+        workers. ``"lazy"``: each position's item is computed when it is needed, with a keyed
+        pseudo-random bijection seeded by (seed, epoch) (see :mod:`hydrax.orders`), so nothing
+        of size N exists in any process, and starting, resuming and crossing an epoch boundary
+        cost the same at a billion items as at a thousand. Same shuffle modes, different (but
+        equally reproducible) orders. See the "Very large datasets" guide.
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class DataGroup(Sequence[D], Generic[D]):
         shuffle_later: str = "default",
         shard_window: int = 4,
         shard_partitions: int = 1,
+        permutation: str = "numpy",
     ) -> None:
         if type(self) is not DataGroup:
             warnings.warn(f"{type(self).__name__} derives from hydrax.DataGroup. This is not supported.", SyntaxWarning, stacklevel=2)
@@ -96,6 +106,10 @@ class DataGroup(Sequence[D], Generic[D]):
                 "shuffle_later must be 'default', 'repeat', 'reseed', 'itemwise', or 'batchwise'"
                 " (or 'shardwise', for data that knows its shards such as a hydrax.shards.ShardSet)"
             )
+        if permutation not in PERMUTATIONS:
+            raise ValueError(f"permutation must be 'numpy' (hydrax 0.2.2's orders, stored) or 'lazy' (computed, O(1) memory), "
+                             f"got {permutation!r}")
+        self._permutation = permutation
         self._data = _as_sequence(data)
         _check_batch_size_and_seed(batch_size, len(self._data), seed)
         self._batch_size = min(len(self._data), int(batch_size))
@@ -183,6 +197,11 @@ class DataGroup(Sequence[D], Generic[D]):
         return self._shard_window
 
     @property
+    def permutation(self) -> str:
+        """(hydrax extension) How the shuffled orders are made: ``"numpy"`` or ``"lazy"``."""
+        return self._permutation
+
+    @property
     def cache_settings(self) -> CacheSettings:
         """(hydrax extension) The group's ``cache_*`` arguments as resolved: the location, whether
         it is read-only, direct mode, and the cache arrays (see the "On-disk batch cache" guide)."""
@@ -202,6 +221,7 @@ class DataGroup(Sequence[D], Generic[D]):
             shard_sizes=self._shard_sizes,
             shard_window=self._shard_window,
             shard_partitions=self._shard_partitions,
+            permutation=self._permutation,
         )
 
     def __repr__(self) -> str:
@@ -209,9 +229,16 @@ class DataGroup(Sequence[D], Generic[D]):
 
 
 def _as_sequence(data: Any) -> Sequence:
-    # A Sequence is kept by reference; any other iterable is materialised.
-    if isinstance(data, Sequence):
+    # A Sequence or an array is kept by reference; any other iterable is materialised.
+    if isinstance(data, (Sequence, np.ndarray)):
         return data
+    try:
+        view = memoryview(data)
+    except TypeError:
+        pass
+    else:
+        if view.ndim:
+            return np.asarray(data)
     if isinstance(data, Iterable):
         return list(data)
     raise TypeError(f"{type(data)} is not a sequence or iterable")

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from .announce import Announcer
+from .announce import Announcer, batches_ahead
 from .arena import Arena
 from .assembly import BatchAssembler
 from .batch import Batch
@@ -35,6 +35,7 @@ from .failures import FailureBudget
 from .hosts import HostAgreement
 from .inflight import InFlight
 from .messages import Completion, StartupReport, Task
+from .orderbook import RunOrders
 from .placement import collect_released_buffers
 from .processes import PIPELINE_THREAD
 from .run import RunGroups, RunPolicy
@@ -107,7 +108,9 @@ class Pipeline:
         self._pool = pool
         self._cache = cache
         self._agreement = agreement
-        self._announcer = Announcer(steps, groups, arena.depth)
+        #: The item orders of the groups (the book of stored ones is shared with the workers).
+        self.orders = RunOrders(groups, arena.depth + batches_ahead(groups, arena.depth))
+        self._announcer = Announcer(steps, groups, arena.depth, self.orders.items)
         self.assembler = BatchAssembler(arena=arena, cache=cache, placement_func=placement_func, zero_copy=policy.zero_copy)
         self.budget = FailureBudget(policy, agreement)
         self.diagnosis = WorkerDiagnosis(arena, pool, self._batch_of_task)
@@ -256,7 +259,7 @@ class Pipeline:
         seq = self._next_seq
         self._next_seq += 1
         bounds = chunk_bounds(run.plan.local_batch_size, self._chunk_count(run.plan.local_batch_size))
-        record = InFlight(seq, step, run, slot, run.items(step), len(bounds), prefetch_key=prefetch_key)
+        record = InFlight(seq, step, run, slot, self.orders.items(run, step), len(bounds), prefetch_key=prefetch_key)
         epoch = run.epoch_of(step)
         if run.cache is not None:
             record.cache = self._cache.settle(run.cache, epoch, step.group_index, isinstance(step, TrainingStep))

@@ -21,8 +21,8 @@ from .cache import GroupCache, open_group_cache
 from .group import DataGroup
 from .layout import ArrayLayout, SlotLayout, slot_layout
 from .messages import TASK_BYTES
-from .schedule import (GroupPlan, Plan, Step, TrainingStep, group_item_order, host_share, local_items, normalise_start, read_order,
-                       share_ranges)
+from .orders import epoch_order
+from .schedule import GroupPlan, Plan, Step, TrainingStep, host_share, normalise_start, read_order, share_ranges
 from .sharding import GroupSharding, as_shardings, plan_group
 
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
@@ -92,9 +92,10 @@ class GroupRun:
         return step.epoch if isinstance(step, TrainingStep) else 0
 
     def items(self, step: Step) -> Sequence[int]:
-        """The indices of the items of this process's share of ``step``'s batch."""
-        order = group_item_order(self.plan, self.epoch_of(step), self.training)
-        return local_items(self.plan, order, step.group_index)
+        """The indices of the items of this process's share of ``step``'s batch, computed from
+        scratch (a whole ``"numpy"`` order each time: the pipeline asks
+        :class:`hydrax.orderbook.RunOrders`, which keeps them)."""
+        return epoch_order(self.plan, self.epoch_of(step), self.training).local(self.plan, step.group_index)
 
     def read_order(self, step: Step) -> str:
         """How ``step``'s items are spread over the data (see :func:`hydrax.schedule.read_order`)."""

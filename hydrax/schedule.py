@@ -13,13 +13,19 @@ from __future__ import annotations
 import hashlib
 import heapq
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from .permute import LazyPermutation
+
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
 SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise", "shardwise")
+#: How a group's orders are made: ``"numpy"`` (0.2.2's ``Generator(PCG64).permutation``, stored)
+#: or ``"lazy"`` (computed position by position, see :mod:`hydrax.orders`).
+PERMUTATIONS = ("numpy", "lazy")
+#: Words that keep the lazy orders of different things apart (see :func:`hydrax.permute.round_keys`).
+LAZY_ITEMS, LAZY_BATCHES, LAZY_SHARDS, LAZY_WINDOW = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ class GroupPlan:
     share: tuple[tuple[int, int], ...] = ()
     #: ``shardwise`` only: canonical partitions of every global batch (see :func:`shardwise_order`).
     shard_partitions: int = 1
+    #: How the orders are made: one of :data:`PERMUTATIONS`.
+    permutation: str = "numpy"
 
     @property
     def local_batch_size(self) -> int:
@@ -53,16 +61,21 @@ class GroupPlan:
         return self.share[0][0] if self.share else 0
 
 
-@lru_cache(maxsize=64)
-def _permutation_cached(seed: int, n: int) -> np.ndarray:
-    perm = np.random.Generator(np.random.PCG64(seed)).permutation(n)
+def permutation(seed: int, n: int) -> np.ndarray:
+    """``Generator(PCG64(seed)).permutation(n)``, read-only: the RNG of every ``"numpy"`` order.
+
+    Not cached here: an order of N items is 8N bytes, so its owner keeps it for as long as it is
+    needed and no longer (see :mod:`hydrax.orderbook`).
+    """
+    perm = np.random.Generator(np.random.PCG64(int(seed))).permutation(int(n))
     perm.setflags(write=False)
     return perm
 
 
-def permutation(seed: int, n: int) -> np.ndarray:
-    """``Generator(PCG64(seed)).permutation(n)``, read-only and cached: hydrax's only RNG."""
-    return _permutation_cached(int(seed), int(n))
+def lazy_permutation(seed: int, n: int, what: int) -> LazyPermutation:
+    """The ``"lazy"`` counterpart of :func:`permutation`: the same role, computed on demand.
+    ``what`` (one of the ``LAZY_*`` words) keeps the orders of items, batches and shards apart."""
+    return LazyPermutation(int(n), int(seed), int(n), what)
 
 
 def partition_shards(shard_sizes: Sequence[int], seed: int, epoch: int, partitions: int) -> np.ndarray:
@@ -74,12 +87,17 @@ def partition_shards(shard_sizes: Sequence[int], seed: int, epoch: int, partitio
     """
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
-    sizes = [int(n) for n in shard_sizes]
-    shards = permutation(seed + epoch, len(sizes))
+    return balance_shards(permutation(seed + epoch, len(shard_sizes)), shard_sizes, partitions)
+
+
+def balance_shards(shards: np.ndarray, shard_sizes: Sequence[int], partitions: int) -> np.ndarray:
+    """The partition of every shard (indexed by shard) when the shards, taken in the order
+    ``shards``, each go to the partition with the fewest samples so far (ties to the lowest index)."""
+    sizes = np.asarray(shard_sizes, np.int64).tolist()
     owner = np.zeros(len(sizes), np.int64)
     if partitions > 1:
         loads = [(0, p) for p in range(partitions)]  # a heap: the lightest partition, then the lowest index
-        for s in shards.tolist():
+        for s in np.asarray(shards).tolist():
             load, p = loads[0]
             owner[s] = p
             heapq.heapreplace(loads, (load + sizes[s], p))
@@ -164,47 +182,67 @@ def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window:
     return order
 
 
-_shardwise_cached = lru_cache(maxsize=8)(shardwise_order)
+def order_seed(plan: GroupPlan, epoch: int, training: bool = True) -> int | None:
+    """The seed of the item permutation a (not shardwise) group uses in ``epoch``, or None for
+    the identity. Training: ``seed + epoch`` on later epochs of ``itemwise``, else ``seed`` with
+    ``shuffle_first``; validation groups are only ever shuffled once, by ``shuffle_first``."""
+    if training and plan.shuffle_later == "itemwise" and epoch > 0:
+        return plan.seed + epoch
+    return plan.seed if plan.shuffle_first else None
+
+
+def order_changes(plan: GroupPlan, training: bool = True) -> bool:
+    """Whether the group's item order changes from epoch to epoch (else it is fixed for the run)."""
+    return training and plan.shuffle_later in ("itemwise", "shardwise")
 
 
 def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
-    """The item permutation a training group uses in ``epoch`` (None means the identity)."""
+    """The item permutation a training group uses in ``epoch``, as a whole array (None means the
+    identity). With ``permutation="lazy"`` it is computed in full, which costs O(N): the loader
+    itself never asks for it (see :func:`hydrax.orders.epoch_order`)."""
+    if plan.permutation == "lazy":
+        from .orders import epoch_order, order_array
+
+        return order_array(epoch_order(plan, epoch), plan.size)
     if plan.shuffle_later == "shardwise":
         if plan.shard_partitions == 1:
-            return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
-        return _shardwise_cached(plan.shard_sizes, plan.seed, epoch, plan.shard_window, plan.shard_partitions, plan.batch_size)
-    if plan.shuffle_later == "itemwise" and epoch > 0:
-        return permutation(plan.seed + epoch, plan.size)
-    if plan.shuffle_first:
-        return permutation(plan.seed, plan.size)
-    return None
+            return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
+        return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window, plan.shard_partitions, plan.batch_size)
+    seed = order_seed(plan, epoch)
+    return None if seed is None else permutation(seed, plan.size)
 
 
 def validation_item_order(plan: GroupPlan) -> np.ndarray | None:
     """Validation groups are only ever shuffled once, by ``shuffle_first``."""
-    return permutation(plan.seed, plan.size) if plan.shuffle_first else None
+    return group_item_order(plan, 0, training=False)
 
 
 def group_item_order(plan: GroupPlan, epoch: int, training: bool = True) -> np.ndarray | None:
     """The item order a batch of ``epoch`` takes its items from: :func:`item_order` for a training
     group, :func:`validation_item_order` (the same every time) for a validation group."""
-    return item_order(plan, epoch) if training else validation_item_order(plan)
+    if training:
+        return item_order(plan, epoch)
+    return item_order(replace(plan, shuffle_later="repeat"), 0)
 
 
-def batch_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
-    """The order in which a training group's batches are taken in ``epoch`` (None: identity)."""
+def batch_order(plan: GroupPlan, epoch: int) -> Sequence[int] | None:
+    """The order in which a training group's batches are taken in ``epoch`` (None: identity):
+    an array, or with ``permutation="lazy"`` a :class:`~hydrax.permute.LazyPermutation`."""
     if plan.shuffle_later == "batchwise" and epoch > 0:
+        if plan.permutation == "lazy":
+            return lazy_permutation(plan.seed + epoch, plan.batch_count, LAZY_BATCHES)
         return permutation(plan.seed + epoch, plan.batch_count)
     return None
 
 
 def read_order(plan: GroupPlan, epoch: int, training: bool = True) -> str:
     """How a group's batches read its items in ``epoch``, as read-ahead needs to know it:
-    ``"shardwise"``, ``"sequential"`` (items and batches in index order), or ``"random"``."""
+    ``"shardwise"``, ``"sequential"`` (items and batches in index order), or ``"random"``.
+    Decided from the plan alone: no order is computed."""
     if training and plan.shuffle_later == "shardwise":
         return "shardwise"
-    order = item_order(plan, epoch) if training else validation_item_order(plan)
-    if order is None and (not training or batch_order(plan, epoch) is None):
+    batches_move = training and plan.shuffle_later == "batchwise" and epoch > 0
+    if order_seed(plan, epoch, training) is None and not batches_move:
         return "sequential"
     return "random"
 
@@ -407,14 +445,27 @@ def epoch_group_sequence(plan: Plan) -> list[tuple[int, int]]:
 
     Sequential mode drains the groups in list order. Interleaved mode picks, before every batch,
     the group with the smallest consumed fraction (ties go to the lowest index), compared exactly.
-    The sequence is the same for every epoch.
+    The sequence is the same for every epoch. A whole list: the run itself walks
+    :func:`epoch_sequence`, which holds nothing of the epoch's size.
     """
-    counts = [g.batch_count for g in plan.training]
-    if not plan.interleave or len(counts) == 1:
-        return [(g, c) for g, n in enumerate(counts) for c in range(n)]
-    cursors = [0] * len(counts)
-    sequence = []
-    for _ in range(sum(counts)):
+    return list(epoch_sequence([g.batch_count for g in plan.training], plan.interleave))
+
+
+def epoch_sequence(counts: Sequence[int], interleave: bool = True, first: int = 0) -> Iterator[tuple[int, int]]:
+    """The ``(group, cursor)`` pairs of :func:`epoch_group_sequence` from position ``first`` of the
+    epoch on, for groups of ``counts`` batches: the cursors at ``first`` are computed, not walked
+    to, so a run resumes mid-epoch at once however long the epoch is."""
+    counts = [int(n) for n in counts]
+    total = sum(counts)
+    if not interleave or len(counts) == 1:
+        done = 0
+        for g, n in enumerate(counts):
+            for c in range(max(0, first - done), n):
+                yield g, c
+            done += n
+        return
+    cursors = interleaved_cursors(counts, first)
+    for _ in range(first, total):
         best = -1
         for g, n in enumerate(counts):
             if cursors[g] == n:
@@ -422,9 +473,40 @@ def epoch_group_sequence(plan: Plan) -> list[tuple[int, int]]:
             # cursors[g] / n < cursors[best] / counts[best], without floating point
             if best < 0 or cursors[g] * counts[best] < cursors[best] * n:
                 best = g
-        sequence.append((best, cursors[best]))
+        yield best, cursors[best]
         cursors[best] += 1
-    return sequence
+
+
+def interleaved_cursors(counts: Sequence[int], first: int) -> list[int]:
+    """How many batches of each group the interleaved order has taken before position ``first``.
+
+    Batch ``c`` of group ``g`` is taken in the order of ``(c / counts[g], g)``; its rank (how many
+    batches come before it) is a sum over the groups, so the cursors follow by bisection.
+    """
+    def rank(c: int, g: int) -> int:
+        n_g = counts[g]
+        before = 0
+        for h, n_h in enumerate(counts):
+            if h == g:
+                before += c
+                continue
+            product = c * n_h
+            before += -(-product // n_g)  # batches c' of h with c' / n_h < c / n_g
+            if h < g and product % n_g == 0:
+                before += 1  # and the tie, which goes to the lower index
+        return before
+
+    cursors = []
+    for g, n in enumerate(counts):
+        low, high = 0, n  # the number of batches of g whose rank is below first
+        while low < high:
+            mid = (low + high) // 2
+            if rank(mid, g) < first:
+                low = mid + 1
+            else:
+                high = mid
+        cursors.append(low)
+    return cursors
 
 
 def stream_positions(index: int, count: int, first: int = 0) -> Iterator[int]:
@@ -452,8 +534,9 @@ def iter_steps(plan: Plan) -> Iterator[Step]:
 def _schedule_steps(plan: Plan) -> Iterator[Step]:
     """Yield the batches of a run in schedule order (forever when the plan has no end).
 
-    Batches before ``plan.start`` are walked "virtually" so numbering, permutations and seeds are
-    those of an uninterrupted run. A validation run belongs to the run that trained the batch or
+    Numbering, permutations and seeds are those of an uninterrupted run from epoch 0: where
+    ``plan.start`` falls is computed (see :func:`epoch_sequence`), not walked to, so resuming
+    costs the same at any point. A validation run belongs to the run that trained the batch or
     epoch it follows, so that a run stopped by ``end_at`` and resumed from the matching
     ``start_at`` validates exactly as often, and at the same points, as an uninterrupted run:
 
@@ -470,8 +553,8 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
         return
     end_epoch = plan.end[1] if plan.end is not None and plan.end[0] == "epoch" else None
     epoch, seek = plan.start
-    batch = epoch * bpe
-    sequence = epoch_group_sequence(plan)
+    batch = epoch * bpe + seek
+    counts = [g.batch_count for g in plan.training]
     validation_run = 0
     validation_batch_num = 0
 
@@ -491,15 +574,11 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
     while True:
         orders = [batch_order(g, epoch) for g in plan.training]
         trained = False  # whether this run trained the batch just passed
-        for epoch_batch, (g, cursor) in enumerate(sequence):
-            if seek > 0:
-                seek -= 1
-                trained = False
-            else:
-                order = orders[g]
-                group_index = cursor if order is None else int(order[cursor])
-                yield TrainingStep(batch, epoch, epoch_batch, g, group_index)
-                trained = True
+        for epoch_batch, (g, cursor) in enumerate(epoch_sequence(counts, plan.interleave, seek), seek):
+            order = orders[g]
+            group_index = cursor if order is None else int(order[cursor])
+            yield TrainingStep(batch, epoch, epoch_batch, g, group_index)
+            trained = True
             batch += 1
             if trained and plan.validation_mode == "batch" and batch % plan.validation_interval == 0:
                 yield from validation()
@@ -508,6 +587,7 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
                     yield from validation()
                 return
         epoch += 1
+        seek = 0
         if trained and epoch_validation_due(epoch):
             yield from validation()
         if end_epoch is not None and epoch >= end_epoch:

@@ -38,7 +38,8 @@ from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
 from .pickling import dumps, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
-from .schedule import GroupPlan, group_item_order, local_items, local_seeds
+from .orderbook import BookSpec, WorkerOrders
+from .schedule import GroupPlan, local_seeds
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class WorkerConfig:
     #: whole logging set-up; one started from the fork server (a fresh interpreter) takes this
     #: level, so that quieting hydrax's messages in the program quiets its workers too.
     log_level: int = logging.NOTSET
+    #: Where the main process stores the run's ``"numpy"`` orders (see :mod:`hydrax.orderbook`);
+    #: None: every order is computed here.
+    orders: BookSpec | None = None
 
 
 def pack_config(config: WorkerConfig) -> bytes:
@@ -163,7 +167,8 @@ def _refcounts(views: tuple) -> list[int]:
     return [sys.getrefcount(v) for v in views]
 
 
-def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions) -> None:
+def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions,
+                orders: FdHandle | None = None) -> None:
     """Body of worker process ``index``: load tasks until the task pipe closes.
 
     ``config`` arrives pickled once for all workers when they start from the fork server (a large
@@ -189,6 +194,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
             logging.getLogger("hydrax").setLevel(config.log_level)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     memory = config.arena.map(arena)
+    book = config.orders.open(orders.fd) if orders is not None and config.orders is not None else None
     status = status_line(index)
     threading.Thread(target=_core.heartbeat, args=(memory, status, HEARTBEAT_PERIOD_US), name="hydrax-heartbeat", daemon=True).start()
     if config.loader_nice:
@@ -202,13 +208,13 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except BaseException as exc:
             _report_startup_failure(completions, index, "startup_func", exc)
             sys.exit(1)
-    _Loop(config, memory, status, tasks.fd, completions).run()
+    _Loop(config, memory, status, tasks.fd, completions, WorkerOrders(config.groups, book)).run()
 
 
 class _Loop:
     """One worker's loop: tasks from the shared pipe, items into the slots, completions back."""
 
-    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions) -> None:
+    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions, orders: WorkerOrders) -> None:
         self.config = config
         self.tasks = tasks
         self.memory = memory
@@ -216,7 +222,7 @@ class _Loop:
         self.stop = status + STOP_WORD
         self.completions = completions
         self.views: dict[tuple[int, int], _ItemViews] = {}
-        self.orders: dict[tuple[int, int], Any] = {}
+        self.orders = orders
 
     def item_views(self, slot: int, group: int) -> _ItemViews:
         """The views of every item's place in ``slot`` for ``group``, built once."""
@@ -228,16 +234,6 @@ class _Loop:
             views = _ItemViews(self.memory, self.config.arena.slot_offsets[slot], self.config.groups[group].arrays)
             self.views[key] = views
         return views
-
-    def order(self, group: int, epoch: int):
-        """The item order of ``group`` in ``epoch``, computed once for the few epochs in flight."""
-        key = (group, epoch)
-        if key not in self.orders:
-            spec = self.config.groups[group]
-            if len(self.orders) > 8:
-                self.orders.clear()
-            self.orders[key] = group_item_order(spec.plan, epoch, spec.training)
-        return self.orders[key]
 
     def run(self) -> None:
         """Take tasks and send completions until the task pipe closes or the stop word is set."""
@@ -266,7 +262,7 @@ class _Loop:
     def unsendable(self, task: Task, result: Completion, error: BaseException) -> Completion:
         """The failed result of ``task``, whose ``result`` could not be pickled: names the item and the key."""
         spec = self.config.groups[task.group]
-        indices = local_items(spec.plan, self.order(task.group, task.epoch), task.group_index)
+        indices = self.orders.items(task.group, task.epoch, task.group_index)
         first, end = task.first, task.end
         reason = None
         for k, extras in enumerate(result.extras or (), first):
@@ -293,7 +289,7 @@ class _Loop:
         task_id, slot, group, epoch, group_index, first, end = task
         spec = self.config.groups[group]
         plan = spec.plan
-        indices = local_items(plan, self.order(group, epoch), group_index)
+        indices = self.orders.items(group, epoch, group_index)
         seeds = local_seeds(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
@@ -372,8 +368,10 @@ class WorkerPool:
         self.processes: list[mp.process.BaseProcess] = []
         self.connections = []
 
-    def start(self, count: int, config: WorkerConfig, arena: FdHandle, preload: Sequence[str] = ()) -> None:
-        """Start ``count`` workers; with tasks already queued the first ones start loading at once."""
+    def start(self, count: int, config: WorkerConfig, arena: FdHandle, preload: Sequence[str] = (),
+              orders: FdHandle | None = None) -> None:
+        """Start ``count`` workers; with tasks already queued the first ones start loading at once.
+        ``orders`` is the order book's memfd, when the main process stores orders."""
         method = self.method
         if method == "forkserver":
             warm_forkserver(preload)
@@ -388,7 +386,7 @@ class WorkerPool:
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
                 for i in range(count):
                     receive, send = ctx.Pipe(duplex=False)
-                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send), name=f"hydrax-loader-{i}", daemon=True)
+                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, orders), name=f"hydrax-loader-{i}", daemon=True)
                     process.start()
                     send.close()
                     self.processes.append(process)

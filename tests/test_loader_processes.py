@@ -23,10 +23,11 @@ def load(item, arrays, seed):
     return {"odd": item} if item % 2 else None
 
 
-def run(end_at=("epoch", 3), **kwargs):
+def run(end_at=("epoch", 3), permutation="numpy", **kwargs):
     """Every batch of a run with a shuffled training group and a validation group, as plain values."""
-    training = DataGroup(8, range(100), loader_arrays=ARRAYS, seed=4, shuffle_first=True, shuffle_later="itemwise")
-    validation = DataGroup(4, range(1000, 1018), loader_arrays=ARRAYS)
+    training = DataGroup(8, range(100), loader_arrays=ARRAYS, seed=4, shuffle_first=True, shuffle_later="itemwise",
+                         permutation=permutation)
+    validation = DataGroup(4, range(1000, 1018), loader_arrays=ARRAYS, seed=9, shuffle_first=True, permutation=permutation)
     out = []
     with Dataloader(load, training, validation=("epoch", 1, validation), end_at=end_at, **kwargs) as loader:
         for batch in loader:
@@ -58,11 +59,11 @@ def merge(shares):
     return merged
 
 
-@pytest.mark.parametrize("processes", [2, 4])
-def test_shares_put_together_are_the_single_process_run(processes):
-    reference = run(loader_count=2)
+@pytest.mark.parametrize("processes,permutation", [(2, "numpy"), (4, "numpy"), (2, "lazy"), (4, "lazy")])
+def test_shares_put_together_are_the_single_process_run(processes, permutation):
+    reference = run(loader_count=2, permutation=permutation)
     assert len(reference) == 3 * (12 + 4)
-    shares = [run(loader_count=2, process_index=p, process_count=processes) for p in range(processes)]
+    shares = [run(loader_count=2, process_index=p, process_count=processes, permutation=permutation) for p in range(processes)]
     for share in shares:
         assert {len(b["indices"]) for b in share} == {8 // processes, 4 // processes}
         for b in share:
@@ -70,9 +71,10 @@ def test_shares_put_together_are_the_single_process_run(processes):
     assert merge(shares) == reference
 
 
-def test_a_share_resumes_exactly():
-    full = run(loader_count=1, process_index=1, process_count=2)
-    resumed = run(loader_count=2, process_index=1, process_count=2, start_at=(1, 5))
+@pytest.mark.parametrize("permutation", ["numpy", "lazy"])
+def test_a_share_resumes_exactly(permutation):
+    full = run(loader_count=1, process_index=1, process_count=2, permutation=permutation)
+    resumed = run(loader_count=2, process_index=1, process_count=2, start_at=(1, 5), permutation=permutation)
     first = 12 + 5
     # validation batch numbers count within one Dataloader run; the contents must match
     expected = [b for b in full if b["kind"] == "validation" and b["number"] >= 4 or b["kind"] == "training" and b["number"] >= first]

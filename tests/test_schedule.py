@@ -314,3 +314,31 @@ def test_stream_shares_are_disjoint_and_make_the_whole_run(count, first):
             merged[p] = step
     assert merged[first:] == steps[first:]
     assert sum(len(s) for s in shares) == len(steps) - first
+
+
+@pytest.mark.parametrize("counts", [[5], [3, 7], [4, 4, 4], [1, 9, 2], [6, 10, 15], [2, 3, 5, 7, 11], [1, 1], [12, 8]])
+@pytest.mark.parametrize("interleave", [True, False])
+def test_an_epoch_resumes_anywhere_by_arithmetic(counts, interleave):
+    from hydrax.schedule import epoch_sequence, interleaved_cursors
+
+    whole = list(epoch_sequence(counts, interleave))
+    assert sorted(whole) == sorted((g, c) for g, n in enumerate(counts) for c in range(n))
+    for first in range(len(whole) + 1):
+        assert list(epoch_sequence(counts, interleave, first)) == whole[first:]
+        if interleave:
+            taken = [sum(1 for g, _ in whole[:first] if g == h) for h in range(len(counts))]
+            assert interleaved_cursors(counts, first) == taken
+
+
+def test_resuming_a_billion_item_epoch_walks_nothing():
+    from hydrax.schedule import epoch_sequence, interleaved_cursors
+
+    counts = [10**9 // 256, 10**8 // 256, 3 * 10**7 // 64]
+    half = sum(counts) // 2
+    cursors = interleaved_cursors(counts, half)
+    assert sum(cursors) == half
+    # each group is half way through its batches, up to one batch of rounding
+    assert all(abs(c - n / 2) <= 1 for c, n in zip(cursors, counts))
+    # and the sequence goes on from there: the group furthest behind its share comes next
+    g, c = next(epoch_sequence(counts, True, half))
+    assert c == cursors[g]

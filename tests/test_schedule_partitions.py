@@ -204,10 +204,10 @@ def test_partitions_need_a_batch_size_they_divide():
         shardwise_order(SIZES, 1, 0, 2, 2)
 
 
-def test_the_order_is_pure_and_cached():
+def test_the_order_is_pure():
     plan = make_plan()
     first = item_order(plan, 3)
-    assert item_order(plan, 3) is first  # the workers ask once per (group, epoch): a cache hit
+    assert item_order(plan, 3).tolist() == first.tolist()  # not cached here: each process keeps its own (hydrax.orders.EpochOrders)
     assert first.tolist() == shardwise_order(SIZES, 5, 3, 3, 4, 16).tolist()
     assert first.tolist() != item_order(plan, 2).tolist()
     assert first.tolist() != item_order(make_plan(partitions=2), 3).tolist()

@@ -1,0 +1,272 @@
+"""The order book: a run's stored (``"numpy"``) item orders, once per host, in shared memory.
+
+A ``"numpy"`` order (hydrax 0.2.2's ``Generator(PCG64).permutation``) cannot be computed a
+position at a time, so it is computed whole, once, by the main process, and kept where every
+worker reads it: a memfd (nothing in /dev/shm to leave behind) mapped by all of them. Of each
+epoch's order only this process's share of every batch is kept, as ``int32`` when the group has
+under 2**31 items: ``4 * N / P`` bytes for ``P`` processes, however many workers there are.
+
+An order that changes every epoch (``itemwise``, ``shardwise``) has a ring of buffers, two when
+an epoch is longer than the look-ahead: while epoch ``e`` is read from one, epoch ``e + 1`` is
+computed into the other on a background thread, starting once every batch of epoch ``e - 1``
+is done (``ahead`` batches into epoch ``e``), so the pause at the boundary is gone and no more
+than two epochs are ever held. An order fixed for the run has one buffer.
+
+Each buffer opens with a tag: the epoch it holds, plus one (0 while it is being written).
+Workers check the tag before and after reading, so an order overwritten under a reader is an
+error, never a silently wrong batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from .orders import EpochOrders, IdentityOrder, ItemOrder, ShareOrder, epoch_order
+from .schedule import GroupPlan, group_item_order, order_changes, order_seed, share_positions
+
+log = logging.getLogger(__name__)
+
+PAGE = 4096
+#: Bytes before each buffer's items: the tag word, then padding to a cache line.
+HEADER = 64
+
+
+def stored_epoch(plan: GroupPlan, epoch: int, training: bool) -> int | None:
+    """The epoch whose stored order a batch of ``epoch`` reads (0 for an order fixed for the
+    run), or None when the batch's order is the identity (nothing stored)."""
+    if training and plan.shuffle_later == "shardwise":
+        return epoch
+    if order_seed(plan, epoch, training) is None:
+        return None
+    return epoch if order_changes(plan, training) else 0
+
+
+def needs_book(plan: GroupPlan, training: bool) -> bool:
+    """Whether the group has a stored order in some epoch: ``"numpy"`` and shuffled."""
+    if plan.permutation != "numpy":
+        return False
+    return (training and plan.shuffle_later in ("shardwise", "itemwise")) or plan.shuffle_first
+
+
+@dataclass(frozen=True)
+class Shelf:
+    """Where one group's buffers are in the book: ``ring`` buffers of ``rows x columns`` items."""
+
+    offsets: tuple[int, ...]
+    rows: int
+    columns: int
+    dtype: str
+
+    @property
+    def ring(self) -> int:
+        return len(self.offsets)
+
+    def views(self, buffer) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(tag, rows)`` arrays of every buffer, over the mapping ``buffer``."""
+        out = []
+        for offset in self.offsets:
+            tag = np.frombuffer(buffer, np.int64, 1, offset)
+            rows = np.frombuffer(buffer, self.dtype, self.rows * self.columns, offset + HEADER).reshape(self.rows, self.columns)
+            out.append((tag, rows))
+        return out
+
+
+@dataclass(frozen=True)
+class BookSpec:
+    """What a worker needs to map the book: its size and every group's shelf (by group index)."""
+
+    size: int
+    shelves: dict[int, Shelf]
+
+    def open(self, fd: int) -> BookReader:
+        """Map the book read-only from ``fd`` (closed afterwards) in this process."""
+        try:
+            buffer = _core.ArenaMap(fd, self.size, False)  # keeps no descriptor open, unlike mmap.mmap
+        finally:
+            os.close(fd)
+        return BookReader(self, buffer)
+
+
+class BookReader:
+    """A worker's view of the book."""
+
+    def __init__(self, spec: BookSpec, buffer) -> None:
+        self._views = {group: shelf.views(buffer) for group, shelf in spec.shelves.items()}
+        self._buffer = buffer
+
+    def __contains__(self, group: int) -> bool:
+        return group in self._views
+
+    def order(self, group: int, plan: GroupPlan, epoch: int, training: bool) -> ItemOrder:
+        """The order of ``group`` in ``epoch``, as the main process stored it."""
+        key = stored_epoch(plan, epoch, training)
+        if key is None:
+            return IdentityOrder()
+        views = self._views[group]
+        tag, rows = views[key % len(views)]
+
+        def check() -> None:
+            if int(tag[0]) != key + 1:
+                raise RuntimeError(f"the stored order of group {group} for epoch {key} is not in the order book "
+                                   f"(it holds epoch {int(tag[0]) - 1}); this is a hydrax bug, please report it")
+
+        check()
+        return ShareOrder(rows, check)
+
+
+class OrderBook:
+    """The main process's side of the book: computes the orders into it, ahead of need.
+
+    :param groups: ``(group index, plan, training)`` of the run's groups; those that need no
+        stored order (lazy or unshuffled) are left out.
+    :param ahead: batches the pipeline may still be loading or announcing behind the one it asks
+        for: epoch ``e + 1`` is computed in the background once epoch ``e`` is that far in.
+    """
+
+    def __init__(self, groups: Sequence[tuple[int, GroupPlan, bool]], ahead: int) -> None:
+        self._plans = {index: (plan, training) for index, plan, training in groups if needs_book(plan, training)}
+        self._ahead = max(1, int(ahead))
+        shelves, size = {}, 0
+        for index, (plan, training) in self._plans.items():
+            ring = 1
+            if order_changes(plan, training):
+                ring = 2 + -(-self._ahead // plan.batch_count) if plan.batch_count <= self._ahead else 2
+            dtype = "<i4" if plan.size < 2**31 else "<i8"
+            nbytes = HEADER + plan.batch_count * plan.local_batch_size * np.dtype(dtype).itemsize
+            stride = -(-nbytes // PAGE) * PAGE
+            shelves[index] = Shelf(tuple(size + i * stride for i in range(ring)), plan.batch_count, plan.local_batch_size, dtype)
+            size += ring * stride
+        self.spec = BookSpec(max(size, PAGE), shelves)
+        self._fd: int | None = None
+        self._views: dict[int, list] = {}
+        self._state: dict[tuple[int, int], threading.Event] = {}  # (group, stored epoch) -> computed
+        self._errors: dict[tuple[int, int], BaseException] = {}
+        self._lock = threading.Lock()
+        if shelves:
+            self._fd = os.memfd_create("hydrax-orders", os.MFD_CLOEXEC)
+            os.ftruncate(self._fd, self.spec.size)
+            self._buffer = _core.ArenaMap(self._fd, self.spec.size)
+            self._views = {group: shelf.views(self._buffer) for group, shelf in shelves.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._views)
+
+    def __contains__(self, group: int) -> bool:
+        return group in self._views
+
+    @property
+    def fd(self) -> int | None:
+        """The book's memfd, for the workers (None when no group stores an order)."""
+        return self._fd
+
+    def close_fd(self) -> None:
+        """Close the memfd once every worker has mapped it; the mappings live on."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def order(self, group: int, epoch: int, epoch_batch: int = 0) -> ItemOrder:
+        """The order of ``group`` in ``epoch`` (computed now if it is not ready), for a batch
+        ``epoch_batch`` batches into the epoch; far enough in, the next epoch's is started."""
+        plan, training = self._plans[group]
+        key = stored_epoch(plan, epoch, training)
+        if order_changes(plan, training) and epoch_batch >= self._ahead:
+            self._start(group, epoch + 1, background=True)
+        if key is None:
+            return IdentityOrder()
+        self._start(group, key, background=False)
+        error = self._errors.get((group, key))
+        if error is not None:
+            raise error
+        views = self._views[group]
+        return ShareOrder(views[key % len(views)][1])
+
+    def _start(self, group: int, key: int, background: bool) -> None:
+        """Compute the stored order of epoch ``key`` (on a thread when ``background``), once."""
+        with self._lock:
+            done = self._state.get((group, key))
+            if done is None:
+                plan, training = self._plans[group]
+                if stored_epoch(plan, key, training) is None:
+                    return  # the identity: nothing to store
+                done = self._state[(group, key)] = threading.Event()
+                ring = len(self._views[group])
+                for old in [k for k in self._state if k[0] == group and k[1] <= key - ring]:
+                    del self._state[old]  # that buffer is about to be reused
+                if background:
+                    threading.Thread(target=self._compute, args=(group, key, done), name="hydrax-orders", daemon=True).start()
+                    return
+                self._compute(group, key, done)
+        if not background:
+            done.wait()  # it may be on its way in the background
+
+    def _compute(self, group: int, key: int, done: threading.Event) -> None:
+        plan, training = self._plans[group]
+        tag, rows = self._views[group][key % len(self._views[group])]
+        try:
+            tag[0] = 0
+            full = group_item_order(plan, key, training)
+            batches = full[: plan.batch_count * plan.batch_size].reshape(plan.batch_count, plan.batch_size)
+            positions = share_positions(plan)
+            columns = slice(positions.start, positions.stop) if isinstance(positions, range) else list(positions)
+            rows[:] = batches[:, columns]
+            del full, batches
+            tag[0] = key + 1
+        except BaseException as exc:  # raised where the order is asked for
+            log.exception("[hydrax] computing the item order of group %d for epoch %d failed:", group, key)
+            self._errors[(group, key)] = exc
+        finally:
+            done.set()
+
+
+class RunOrders:
+    """The item orders of a run's groups in the main process: the book's for stored ones, else
+    computed (lazy or unshuffled) and kept for two epochs per group.
+
+    :param groups: the run's groups (see :class:`hydrax.run.RunGroups`).
+    :param ahead: see :class:`OrderBook`.
+    """
+
+    def __init__(self, groups, ahead: int) -> None:
+        self._groups = groups
+        self.book = OrderBook([(run.index, run.plan, run.training) for run in groups], ahead)
+        self._computed = EpochOrders(lambda group, epoch: epoch_order(groups[group].plan, epoch, groups[group].training))
+
+    def items(self, run, step) -> Sequence[int]:
+        """The indices of the items of this process's share of ``step``'s batch of ``run``."""
+        epoch = run.epoch_of(step)
+        if run.index in self.book:
+            order = self.book.order(run.index, epoch, step.epoch_batch if run.training else 0)
+        else:
+            order = self._computed.get(run.index, epoch)
+        return order.local(run.plan, step.group_index)
+
+
+class WorkerOrders:
+    """The item orders of a run's groups in a worker: read from the book where the main process
+    stores them, else computed (lazy or unshuffled) and kept for two epochs per group.
+
+    :param groups: the run's groups as the worker sees them (each with ``plan`` and ``training``).
+    """
+
+    def __init__(self, groups, book: BookReader | None) -> None:
+        self._groups = groups
+        self._book = book
+        self._orders = EpochOrders(self._make)
+
+    def _make(self, group: int, epoch: int) -> ItemOrder:
+        spec = self._groups[group]
+        if self._book is not None and group in self._book:
+            return self._book.order(group, spec.plan, epoch, spec.training)
+        return epoch_order(spec.plan, epoch, spec.training)
+
+    def items(self, group: int, epoch: int, group_index: int) -> Sequence[int]:
+        """The indices of the items of this process's share of batch ``group_index`` of ``group`` in ``epoch``."""
+        return self._orders.get(group, epoch).local(self._groups[group].plan, group_index)

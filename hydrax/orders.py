@@ -1,0 +1,253 @@
+"""Item orders: which item each position of an epoch holds, stored or computed.
+
+A group's order in an epoch maps the positions ``[0, N)`` of the epoch to items. With
+``permutation="numpy"`` (the default, hydrax 0.2.2's orders bit for bit) it is an array of N
+indices, computed in the main process and stored once per host (see :mod:`hydrax.orderbook`).
+With ``permutation="lazy"`` nothing of size N exists anywhere: the item at a position is computed
+when it is needed, by a keyed bijection (:mod:`hydrax.permute`) seeded by (seed, epoch), so any
+process can find the items of any batch, of any epoch, in time proportional to the batch.
+
+Every kind of order answers :meth:`ItemOrder.local`: the items of this process's share of a batch.
+
+- :class:`IdentityOrder`: no shuffle;
+- :class:`ArrayOrder`: a whole epoch's order as an array;
+- :class:`ShareOrder`: only this process's share of every batch, as the order book stores it;
+- :class:`LazyItems`: a lazy permutation of all items (``shuffle_first``, ``itemwise``);
+- :class:`LazyShardwise`: the lazy ``shardwise`` order, with or without partitions, in O(S)
+  memory for S shards: shards permuted, items mixed within runs of ``shard_window`` shards.
+
+:func:`epoch_order` picks the kind for a plan and an epoch; :class:`EpochOrders` keeps the few
+a process is using.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .permute import permute, permute_range, round_keys
+from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, local_items, order_seed,
+                       share_positions)
+
+
+class ItemOrder:
+    """Which item each position of one epoch of a group holds."""
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The items at ``positions`` (an int64 array of positions of the epoch)."""
+        raise NotImplementedError
+
+    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
+        """The items of this process's share (``plan.share``) of batch ``group_index``, as ints."""
+        return self.at(local_positions(plan, group_index)).tolist()
+
+
+def local_positions(plan: GroupPlan, group_index: int) -> np.ndarray:
+    """The epoch positions of this process's share of batch ``group_index``."""
+    first = group_index * plan.batch_size
+    positions = share_positions(plan)
+    if isinstance(positions, range):
+        return np.arange(first + positions.start, first + positions.stop, dtype=np.int64)
+    return np.asarray(positions, np.int64) + first
+
+
+class IdentityOrder(ItemOrder):
+    """No shuffle: position ``p`` holds item ``p``."""
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(positions, np.int64)
+
+    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
+        return local_items(plan, None, group_index)
+
+
+class ArrayOrder(ItemOrder):
+    """A whole epoch's order, as an array of item indices (a ``"numpy"`` order)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return self.array[positions].astype(np.int64, copy=False)
+
+    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
+        return local_items(plan, self.array, group_index)
+
+
+class ShareOrder(ItemOrder):
+    """This process's share of every batch of an epoch: ``rows[b]`` holds the items of batch ``b``'s
+    share, in local order (what :class:`hydrax.orderbook.OrderBook` stores, O(N/P) per host).
+
+    :param check: called after the items are read, to make sure they were not overwritten meanwhile.
+    """
+
+    def __init__(self, rows: np.ndarray, check: Callable[[], None] | None = None) -> None:
+        self.rows = rows
+        self._check = check
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        raise TypeError("a ShareOrder holds only this process's share of each batch; use local()")
+
+    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
+        items = self.rows[group_index].tolist()
+        if self._check is not None:
+            self._check()
+        return items
+
+
+class LazyItems(ItemOrder):
+    """A lazy permutation of ``n`` items, keyed by ``words`` (see :func:`hydrax.permute.round_keys`)."""
+
+    def __init__(self, n: int, *words: int) -> None:
+        self.n = int(n)
+        self.keys = round_keys(*words)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return permute(self.n, self.keys, positions)
+
+
+class _WindowStream:
+    """The items of some shards, taken in a given order, permuted within each run of ``window``
+    consecutive shards (run ``r`` keyed by ``(*words, r)``): held as O(shards) numbers."""
+
+    def __init__(self, shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, words: tuple[int, ...]) -> None:
+        self.shards = shards
+        self.starts = starts
+        self.cum = np.concatenate(([0], np.cumsum(sizes[shards], dtype=np.int64)))
+        self.run_starts = self.cum[: len(shards) : window] if len(shards) else np.zeros(1, np.int64)
+        ends = np.append(self.run_starts[1:], self.cum[-1])
+        self.run_sizes = ends - self.run_starts
+        self.words = words
+        self.length = int(self.cum[-1])
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        """The items at positions ``t`` (all below :attr:`length`) of the stream."""
+        run = np.searchsorted(self.run_starts, t, side="right") - 1
+        offset = t - self.run_starts[run]
+        for r in np.unique(run).tolist():
+            chosen = run == r
+            keys = round_keys(*self.words, r, LAZY_WINDOW)
+            offset[chosen] = permute(int(self.run_sizes[r]), keys, offset[chosen])
+        offset += self.run_starts[run]
+        shard = np.searchsorted(self.cum, offset, side="right") - 1
+        return self.starts[self.shards[shard]] + offset - self.cum[shard]
+
+
+class LazyShardwise(ItemOrder):
+    """The lazy ``shardwise`` order of a group in ``epoch``: the structure of
+    :func:`hydrax.schedule.shardwise_order` (partitions, quotas, spills and all), with every
+    permutation lazy, so it costs O(S) memory for S shards and O(batch) time per batch."""
+
+    def __init__(self, plan: GroupPlan, epoch: int) -> None:
+        sizes = np.asarray(plan.shard_sizes, np.int64)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        count = len(sizes)
+        shards = permute_range(count, round_keys(plan.seed + epoch, count, LAZY_SHARDS), 0, count)
+        self.partitions = partitions = plan.shard_partitions
+        window = plan.shard_window
+        if partitions == 1:
+            self.streams = [_WindowStream(shards, starts, sizes, window, (plan.seed, epoch))]
+            return
+        owner = balance_shards(shards, sizes, partitions)[shards]
+        self.streams = [_WindowStream(shards[owner == p], starts, sizes, window, (plan.seed, epoch, p)) for p in range(partitions)]
+        self.batch_size = plan.batch_size
+        self.k = plan.batch_size // partitions
+        batch_count = int(sizes.sum()) // plan.batch_size
+        self.quota = quota = batch_count * self.k
+        self.used = batch_count * plan.batch_size
+        lengths = np.array([s.length for s in self.streams], np.int64)
+        self.lengths = lengths
+        surplus = np.maximum(lengths - quota, 0)
+        deficit = np.maximum(quota - lengths, 0)
+        self.pool_starts = np.concatenate(([0], np.cumsum(surplus)))
+        self.deficit_starts = np.concatenate(([0], np.cumsum(deficit)[:-1]))
+        self.taken = int(deficit.sum())
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, np.int64)
+        if self.partitions == 1:
+            return self.streams[0].at(positions.copy())
+        out = np.empty_like(positions)
+        tail = positions >= self.used
+        if tail.any():
+            out[tail] = self._pool(positions[tail] - self.used + self.taken)
+        inside = ~tail
+        batch, column = np.divmod(positions[inside], self.batch_size)
+        partition, row = np.divmod(column, self.k)
+        t = batch * self.k + row
+        found = np.empty_like(t)
+        for p in np.unique(partition).tolist():
+            chosen = partition == p
+            tp = t[chosen]
+            own = tp < min(int(self.lengths[p]), self.quota)
+            items = np.empty_like(tp)
+            if own.any():
+                items[own] = self.streams[p].at(tp[own])
+            if not own.all():
+                items[~own] = self._pool(tp[~own] - self.lengths[p] + self.deficit_starts[p])
+            found[chosen] = items
+        out[inside] = found
+        return out
+
+    def _pool(self, index: np.ndarray) -> np.ndarray:
+        """Items ``index`` of the pool: the partitions' spills (what each stream has past its
+        quota), partitions 0, 1, ... in turn."""
+        source = np.searchsorted(self.pool_starts, index, side="right") - 1
+        items = np.empty_like(index)
+        for q in np.unique(source).tolist():
+            chosen = source == q
+            items[chosen] = self.streams[q].at(index[chosen] - self.pool_starts[q] + self.quota)
+        return items
+
+
+def epoch_order(plan: GroupPlan, epoch: int, training: bool = True) -> ItemOrder:
+    """The order of ``plan`` in ``epoch`` (training) or of a validation group: computed for
+    ``"lazy"`` (cheap), else the ``"numpy"`` array (O(N) to build; the loader keeps those in
+    the order book instead)."""
+    if plan.permutation == "lazy":
+        if training and plan.shuffle_later == "shardwise":
+            return LazyShardwise(plan, epoch)
+        seed = order_seed(plan, epoch, training)
+        return IdentityOrder() if seed is None else LazyItems(plan.size, seed, plan.size, LAZY_ITEMS)
+    from .schedule import group_item_order
+
+    array = group_item_order(plan, epoch, training)
+    return IdentityOrder() if array is None else ArrayOrder(array)
+
+
+def order_array(order: ItemOrder, size: int) -> np.ndarray | None:
+    """``order`` as a whole array of ``size`` items (None for the identity): O(N), for tests and
+    tools that ask for it."""
+    if isinstance(order, IdentityOrder):
+        return None
+    array = order.at(np.arange(size, dtype=np.int64))
+    array.setflags(write=False)
+    return array
+
+
+class EpochOrders:
+    """The orders a process is using, by ``(group, epoch)``: at most ``keep`` per group, the
+    oldest dropped first, so memory does not grow epoch after epoch.
+
+    :param make: builds the order of ``(group, epoch)``.
+    """
+
+    def __init__(self, make: Callable[[int, int], ItemOrder], keep: int = 2) -> None:
+        self._make = make
+        self._keep = keep
+        self._orders: OrderedDict[tuple[int, int], ItemOrder] = OrderedDict()
+
+    def get(self, group: int, epoch: int) -> ItemOrder:
+        """The order of ``group`` in ``epoch``."""
+        key = (group, epoch)
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = self._make(group, epoch)
+            mine = [k for k in self._orders if k[0] == group]
+            for old in mine[: max(0, len(mine) - self._keep)]:
+                del self._orders[old]
+        else:
+            self._orders.move_to_end(key)
+        return order
