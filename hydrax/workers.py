@@ -36,7 +36,7 @@ from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
-from .pickling import dumps, unpicklable_part
+from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
 from .orderbook import BookSpec, WorkerOrders
 from .schedule import GroupPlan, local_seeds
@@ -83,8 +83,9 @@ class WorkerConfig:
     orders: BookSpec | None = None
 
 
-def pack_config(config: WorkerConfig) -> bytes:
-    """``config`` pickled for workers started from the fork server.
+def pack_config(config: WorkerConfig, shared: list | None = None) -> bytes:
+    """``config`` pickled for workers started from the fork server (its large buffers appended
+    to ``shared`` when given, see :func:`hydrax.pickling.dumps`).
 
     cloudpickle ships functions and classes of ``__main__`` (and lambdas, closures, classes
     defined under the main guard) by value, and those of importable modules by reference, so a
@@ -92,7 +93,7 @@ def pack_config(config: WorkerConfig) -> bytes:
     that cannot be pickled.
     """
     try:
-        return dumps(config)
+        return dumps(config, shared)
     except Exception as exc:
         error = exc
     parts = [("loader_func", config.loader_func), ("startup_func", config.startup_func)]
@@ -168,12 +169,13 @@ def _refcounts(views: tuple) -> list[int]:
 
 
 def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions,
-                orders: FdHandle | None = None) -> None:
+                orders: FdHandle | None = None, shared: tuple | None = None) -> None:
     """Body of worker process ``index``: load tasks until the task pipe closes.
 
     ``config`` arrives pickled once for all workers when they start from the fork server (a large
-    dataset is then pickled once, not once per worker); ``close`` lists the parent's ends of our
-    pipes, which a forked worker inherits.
+    dataset is then pickled once, not once per worker), its large arrays in the shared memory
+    ``shared`` (``(fd, size, places)``, see :class:`hydrax.pickling.SharedBuffers`); ``close``
+    lists the parent's ends of our pipes, which a forked worker inherits.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
@@ -186,7 +188,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
             pass
     if isinstance(config, bytes):
         try:
-            config = pickle.loads(config)
+            config = pickle.loads(config) if shared is None else loads_shared(config, shared[0].fd, *shared[1:])
         except BaseException as exc:
             _report_startup_failure(completions, index, "unpickle", exc)
             sys.exit(1)
@@ -378,7 +380,10 @@ class WorkerPool:
         ctx = mp.get_context(method)
         task_r, task_w = self._task_r, self._task_w
         close_in_child = (task_w,) if method == "fork" else ()
-        payload = config if method == "fork" else pack_config(config)
+        buffers: list = []
+        payload = config if method == "fork" else pack_config(config, buffers)
+        shared = SharedBuffers(buffers) if buffers else None
+        share = (shared.handle(), shared.size, shared.places) if shared is not None else None
         try:
             with warnings.catch_warnings():
                 # numpy's BLAS threads make Python 3.12 warn about fork; they are fork-safe, and
@@ -386,7 +391,7 @@ class WorkerPool:
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
                 for i in range(count):
                     receive, send = ctx.Pipe(duplex=False)
-                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, orders), name=f"hydrax-loader-{i}", daemon=True)
+                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, orders, share), name=f"hydrax-loader-{i}", daemon=True)
                     process.start()
                     send.close()
                     self.processes.append(process)
@@ -394,6 +399,8 @@ class WorkerPool:
         finally:
             os.close(task_r)
             self._task_r = -1
+            if shared is not None:
+                shared.close_fd()
 
     def submit(self, task: Task) -> None:
         """Queue one task; fixed-size records below PIPE_BUF are written and read atomically."""
