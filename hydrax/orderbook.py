@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from dataclasses import dataclass
 from typing import Sequence
@@ -149,6 +150,9 @@ class OrderBook:
         self._state: dict[tuple[int, int], threading.Event] = {}  # (group, stored epoch) -> computed
         self._errors: dict[tuple[int, int], BaseException] = {}
         self._lock = threading.Lock()
+        # One thread computes every background order: a thread per epoch would leave each its own
+        # malloc arena full of the freed temporaries of an O(N) computation.
+        self._jobs: queue.SimpleQueue | None = None
         if shelves:
             self._fd = os.memfd_create("hydrax-orders", os.MFD_CLOEXEC)
             os.ftruncate(self._fd, self.spec.size)
@@ -201,11 +205,24 @@ class OrderBook:
                 for old in [k for k in self._state if k[0] == group and k[1] <= key - ring]:
                     del self._state[old]  # that buffer is about to be reused
                 if background:
-                    threading.Thread(target=self._compute, args=(group, key, done), name="hydrax-orders", daemon=True).start()
+                    if self._jobs is None:
+                        self._jobs = queue.SimpleQueue()
+                        threading.Thread(target=self._background, args=(self._jobs,), name="hydrax-orders", daemon=True).start()
+                    self._jobs.put((group, key, done))
                     return
                 self._compute(group, key, done)
         if not background:
             done.wait()  # it may be on its way in the background
+
+    def close(self) -> None:
+        """Stop the background thread (after the order it may be computing)."""
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
+
+    def _background(self, jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            self._compute(*job)
 
     def _compute(self, group: int, key: int, done: threading.Event) -> None:
         plan, training = self._plans[group]
@@ -247,6 +264,10 @@ class RunOrders:
         else:
             order = self._computed.get(run.index, epoch)
         return order.local(run.plan, step.group_index)
+
+    def close(self) -> None:
+        """The run is over: stop computing orders ahead."""
+        self.book.close()
 
 
 class WorkerOrders:

@@ -153,6 +153,7 @@ class Pipeline:
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
         self._announcer.close()
+        self.orders.close()
         fds = (self._wake_r, self._wake_w)
         self._wake_r = self._wake_w = -1  # before closing, so a late release never writes to a reused fd
         for fd in fds:

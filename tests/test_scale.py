@@ -123,10 +123,12 @@ def _loader_processes() -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 @pytest.mark.parametrize("permutation", ["numpy", "lazy"])
-def test_memory_stays_flat_epoch_after_epoch(permutation):
+def test_memory_stays_flat_epoch_after_epoch(permutation, method, monkeypatch):
     """12 epochs of an itemwise group of 400,000 items: an order kept per epoch (3.2 MB) in the
     main process or a worker would show as growth after the first epochs."""
+    monkeypatch.setenv("HYDRAX_START_METHOD", method)
     n, batch = 400_000, 20_000
     group = DataGroup(batch, np.arange(n, dtype=np.int64), loader_arrays=ARRAYS, shuffle_first=True, shuffle_later="itemwise",
                       permutation=permutation)
