@@ -10,6 +10,22 @@ import pytest
 from support.proctable import live_processes
 
 
+def _private_cache() -> None:
+    # ShardSets write set indexes (and remote shards' indexes) into HYDRAX_CACHE: the tests keep
+    # theirs in a folder of their own, gone when the session ends, not in the user's ~/.cache.
+    import atexit
+    import shutil
+    import tempfile
+
+    if "HYDRAX_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="hydrax-test-cache-")
+        os.environ["HYDRAX_CACHE"] = folder
+        atexit.register(shutil.rmtree, folder, True)
+
+
+_private_cache()
+
+
 def descendants(root: int | None = None) -> set[int]:
     """Pids of every live process below ``root`` (default: this one), from /proc."""
     root = os.getpid() if root is None else root

@@ -300,3 +300,13 @@ def test_damaged_index_files_are_format_errors_naming_the_file(shard, tmp_path):
             for i in range(len(loaded)):  # a change that kept it consistent: every field inside the shard
                 assert all(0 <= o and o + n <= loaded.shard_size for o, n in loaded.fields(i).values())
                 loaded.key(i)
+
+
+def test_arrays_are_the_index_in_file_order(shard):
+    index = build_index(shard)
+    key_bytes, key_ends, sample_ends, entry_field, entry_offset, entry_size = index.arrays()
+    assert bytes(key_bytes[: key_ends[0]]).decode() == index.key(0) and len(sample_ends) == len(index) == 50
+    names = index.field_names
+    first = {names[f]: (o, n) for f, o, n in zip(entry_field[: sample_ends[0]], entry_offset, entry_size)}
+    assert first == index.fields(0)
+    assert ShardIndex(index.shard_size, index.shard_mtime_ns, names, *index.arrays()).same_samples(index)

@@ -3,7 +3,10 @@
 :func:`expand_urls` turns brace ranges, globs and lists into shard URLs. :func:`resolve` then
 gives every shard its size, version and index:
 
-- local shards: ``<shard>.hidx`` beside each (built and written when missing);
+- local shards: ``<shard>.hidx`` beside each (built and written when missing); when every shard
+  is local, :func:`resolve_set` gathers them into one set index (:mod:`hydrax.shards.setindex`)
+  kept in the cache folder, which later opens of the same, unchanged shards reuse without reading
+  any ``.hidx``;
 - remote shards (``s3://``, ``gs://``): one LIST per folder gives every shard's size and ETag and
   shows which have an index object ``<shard>.hidx`` beside them (``hydrax shards index`` writes
   them); indexes come from the local cache while the shard's ETag is unchanged, else from the
@@ -28,6 +31,7 @@ from typing import Sequence
 
 from ..errors import ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
+from .setindex import SetIndex, build_set_index, set_index_path, urls_digest
 from .store import (REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
                     pattern_folder, run_async, scheme_of, store_for)
 
@@ -133,7 +137,11 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
     """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
     if is_manifest(urls):
         return read_manifest(os.fspath(urls), options)
-    shards, listed = _expand(urls, options)
+    return _resolve_entries(*_expand(urls, options), options, cache_dir, write_index)
+
+
+def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
+                     write_index: bool) -> list[ShardEntry]:
     entries = [ShardEntry(info.url) for info in shards]
     for entry in entries:
         if not is_remote(entry.url):
@@ -143,6 +151,42 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
     if remote:
         run_async(_resolve_remote(remote, listed, options, cache_dir, write_index))
     return entries
+
+
+def resolve_set(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry] | tuple[list[str], SetIndex]:
+    """The shards of ``urls``: when all of them are local files (and ``urls`` is no manifest),
+    ``(their paths, their set index)`` (see :func:`open_set_index`); else, as :func:`resolve`
+    gives them, every shard's :class:`ShardEntry`."""
+    if is_manifest(urls):
+        return read_manifest(os.fspath(urls), options)
+    shards, listed = _expand(urls, options)
+    if any(is_remote(info.url) for info in shards):
+        return _resolve_entries(shards, listed, options, cache_dir, write_index)
+    paths = [info.url for info in shards]
+    return paths, open_set_index(paths, cache_dir, write_index)
+
+
+def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -> SetIndex:
+    """The set index of the local shards ``paths``: the one kept in ``cache_dir`` while every
+    shard has the size and modification time it recorded; else (none, a damaged one, or a shard
+    that changed, said in the log) built from the shards' own indexes (see
+    :func:`~hydrax.shards.open_index`) and, with ``write_index``, kept in ``cache_dir``."""
+    digest = urls_digest(paths)
+    path = set_index_path(cache_dir, digest)
+    try:
+        found = SetIndex.open(path)
+    except FileNotFoundError:
+        found = None
+    except (ShardFormatError, OSError) as exc:
+        log.warning("rebuilding the set index of %d shards: %s", len(paths), exc)
+        found = None
+    if found is not None:
+        why = "it was made for other shards" if found.digest != digest else found.changed(paths)
+        if why is None:
+            return found
+        log.info("rebuilding the set index %s of %d shards: %s", path, len(paths), why)
+    indexes = [_open_local(ShardEntry(p), write_index, "does not exist (check the path or pattern)", " ") for p in paths]
+    return build_set_index(indexes, digest, path if write_index else None)
 
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
@@ -234,9 +278,16 @@ _build_slots = None
 
 async def _index_entry(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
                        write_index: bool) -> None:
-    """Give ``entry`` its index: the local cache, else the index object beside it, else built."""
-    entry.index = _cached(entry, cache_dir)
-    if entry.index is None:
+    """Give ``entry`` its index (see :func:`_entry_index`) and sample count."""
+    entry.index = await _entry_index(entry, listed, options, cache_dir, write_index)
+    entry.samples = len(entry.index)
+
+
+async def _entry_index(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
+                       write_index: bool) -> ShardIndex:
+    """The index of the remote shard ``entry``: the local cache, else the index object beside it, else built."""
+    index = _cached(entry, cache_dir)
+    if index is None:
         store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
         if beside is None and scheme_of(entry.url) not in ("s3", "gs"):
@@ -245,8 +296,7 @@ async def _index_entry(entry: ShardEntry, listed: dict[str, ObjectInfo], options
         if index is None:
             index = await _build_async(entry, store)
         _keep(index, entry, cache_dir, write_index)
-        entry.index = index
-    entry.samples = len(entry.index)
+    return index
 
 
 async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> ShardIndex | None:
@@ -281,36 +331,42 @@ async def _build_async(entry: ShardEntry, store) -> ShardIndex:
     return index_from_bytes(data, entry.url, entry.size, 0, entry.version)
 
 
-def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
-    """Load the index of ``entry`` now (a shard whose count came from a manifest, when it is first read)."""
-    if entry.index is None:
-        if not is_remote(entry.url):
-            entry.index = _open_local(entry, write_index, "listed in the manifest, does not exist", ", ")
-            _check_count(entry)
-        else:
-            run_async(load_index_async(entry, options, cache_dir, write_index))
-    return entry.index
+def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True, *,
+               keep: bool = True) -> ShardIndex:
+    """Load the index of ``entry`` now (a shard whose count came from a manifest, when it is first
+    read). With ``keep``, ``entry.index`` holds it from then on; else the caller keeps it (a
+    :class:`~hydrax.shards.ShardSet` keeps a bounded number) and ``entry`` is left as it was."""
+    if entry.index is not None:
+        return entry.index
+    if is_remote(entry.url):
+        return run_async(load_index_async(entry, options, cache_dir, write_index, keep=keep))
+    index = _open_local(entry, write_index, "listed in the manifest, does not exist", ", ")
+    _check_count(entry, index)
+    if keep:
+        entry.index = index
+    return index
 
 
-async def load_index_async(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True) -> ShardIndex:
+async def load_index_async(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True, *,
+                           keep: bool = True) -> ShardIndex:
     """:func:`load_index` for a remote shard, from an event loop."""
-    if entry.index is None:
-        if entry.size is None or entry.version is None:
-            info = await store_for(entry.url, options).stat_async(entry.url)
-            entry.size, entry.version = info.size, info.version
-        # No listing at hand: try the index object beside the shard (a missing one is built).
-        probe = {entry.url + INDEX_SUFFIX: ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)}
-        samples = entry.samples
-        await _index_entry(entry, probe, options, cache_dir, write_index)
-        entry.samples = samples
-        _check_count(entry)
-    return entry.index
+    if entry.index is not None:
+        return entry.index
+    if entry.size is None or entry.version is None:
+        info = await store_for(entry.url, options).stat_async(entry.url)
+        entry.size, entry.version = info.size, info.version
+    # No listing at hand: try the index object beside the shard (a missing one is built).
+    probe = {entry.url + INDEX_SUFFIX: ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)}
+    index = await _entry_index(entry, probe, options, cache_dir, write_index)
+    _check_count(entry, index)
+    if keep:
+        entry.index = index
+    return index
 
 
-def _check_count(entry: ShardEntry) -> None:
-    if entry.samples is not None and len(entry.index) != entry.samples:
-        count, entry.index = len(entry.index), None
-        raise ShardFormatError(f"the manifest says {entry.samples} samples, its index has {count}; "
+def _check_count(entry: ShardEntry, index: ShardIndex) -> None:
+    if entry.samples is not None and len(index) != entry.samples:
+        raise ShardFormatError(f"the manifest says {entry.samples} samples, its index has {len(index)}; "
                                "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
 
 

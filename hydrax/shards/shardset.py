@@ -9,12 +9,25 @@ mappings per process, least recently used closed first, so 10,000 shards fit und
 1024``), or, for remote shards, from what the main process read ahead
 (:mod:`hydrax.shards.readahead`), else from one ranged request that brings all of the sample's
 fields. Remote reads are pinned to the version each shard was indexed at.
+
+Indexes are held three ways:
+
+- all shards local (paths, globs or lists; not a manifest): one set index for the whole set
+  (:mod:`hydrax.shards.setindex`), kept in ``cache_dir`` and mapped read-only, so every process
+  of the host shares it through the page cache and a second ShardSet of the same unchanged shards
+  opens in about a ``stat`` per shard. Pickled (to workers started from the fork server), the
+  ShardSet carries the set index's path, its settings and its URLs, not the index.
+  :meth:`ShardSet.index` gives a :class:`ShardIndex` of views into it;
+- a manifest (local or remote shards): each shard's index is loaded when the shard is first
+  read, and at most ``max_indexes`` of them are held per process (least recently used dropped);
+- remote shards named directly: every index is found at set-up, as before, and held.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -23,8 +36,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
-from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, load_index_async, resolve
+from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, load_index_async, resolve_set
 from .indexfile import ShardIndex
+from .setindex import SetIndex
 from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
 from .store import GCSOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
@@ -32,6 +46,9 @@ __all__ = ["SampleRef", "ShardSet", "default_cache_dir", "expand_urls"]
 
 #: Local shard mappings a process keeps open at most (each holds one file descriptor).
 MAX_OPEN = 128
+#: Per-shard indexes a process holds at most, for a ShardSet made from a manifest. An index takes
+#: about 26 bytes per sample plus 20 per field: 128 of shards of 10,000 two-field samples, 85 MB.
+MAX_INDEXES = 128
 
 
 class ShardSet(Sequence["SampleRef"]):
@@ -42,32 +59,50 @@ class ShardSet(Sequence["SampleRef"]):
         ``.json`` descriptor, local or remote), which sets up with a single request.
     :param write_index: write a missing index (or refresh one whose shard only has a new
         modification time): ``<shard>.hidx`` beside a local shard, or into ``cache_dir`` for a
-        remote one (nothing is ever written into a bucket; ``hydrax shards index`` does that).
+        remote one (nothing is ever written into a bucket; ``hydrax shards index`` does that),
+        and the set index of local shards into ``cache_dir``.
     :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
         configuration). ``gcs`` and ``http`` likewise for ``gs://`` and ``http(s)://``.
-    :param cache_dir: where indexes of remote shards are kept (default :func:`default_cache_dir`).
+    :param cache_dir: where indexes of remote shards, and set indexes of local ones, are kept
+        (default :func:`default_cache_dir`).
     :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.readahead.ReadAhead`);
         memory is bounded by its ``max_bytes``.
     :param max_open: local shard mappings kept open per process.
+    :param max_indexes: per-shard indexes held per process, least recently used dropped first: the
+        indexes of a manifest's shards, loaded as they are first read, and the (cheap) views
+        :meth:`index` gives of a set index.
+
+    Local shards named as paths, globs or lists share one set index (see the module docstring),
+    written into ``cache_dir`` (with ``write_index``; else held in memory) and reused while every
+    shard keeps the size and modification time it had. The set index covers only sets of local
+    shards: a set with a remote shard, or a manifest, holds per-shard indexes as before.
     """
 
     def __init__(self, urls: str | Sequence[str], *, write_index: bool = True, s3: S3Options | None = None,
                  gcs: GCSOptions | None = None, http: HTTPOptions | None = None, cache_dir: str | None = None,
-                 readahead: ReadAhead | None = None, max_open: int = MAX_OPEN) -> None:
-        if not isinstance(max_open, int) or max_open < 1:
-            raise ValueError(f"ShardSet(max_open=...) must be a positive int, got {max_open!r}")
+                 readahead: ReadAhead | None = None, max_open: int = MAX_OPEN, max_indexes: int = MAX_INDEXES) -> None:
+        for name, value in (("max_open", max_open), ("max_indexes", max_indexes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ShardSet({name}=...) must be a positive int, got {value!r}")
         self.options = StoreOptions(s3 or S3Options(), gcs or GCSOptions(), http or HTTPOptions())
         self.cache_dir = cache_dir or default_cache_dir()
         self.readahead = readahead or ReadAhead()
         self.max_open = max_open
+        self.max_indexes = max_indexes
         self._write_index = write_index
-        self._entries: list[ShardEntry] = resolve(urls, self.options, self.cache_dir, write_index)
-        self.urls = [e.url for e in self._entries]
-        self._remote = [is_remote(url) for url in self.urls]
-        self._remote_mask = np.asarray(self._remote, bool)
-        self._starts = np.cumsum([0] + [e.samples for e in self._entries], dtype=np.int64)
+        found = resolve_set(urls, self.options, self.cache_dir, write_index)
+        self._set: SetIndex | None = None
+        self._entries: list[ShardEntry] | None = None
+        self._remote: list[bool] | None = None  # None: every shard is local
+        if isinstance(found, tuple):
+            self.urls, self._set = found
+        else:
+            self._entries = found
+            self.urls = [e.url for e in found]
+            if any(is_remote(url) for url in self.urls):
+                self._remote = [is_remote(url) for url in self.urls]
         self._root: str | None = None
-        if any(self._remote) and self.readahead.enabled:
+        if self._remote is not None and self.readahead.enabled:
             if self.readahead.cache_dir is not None:
                 self._root = os.path.join(self.readahead.cache_dir, "data")
             else:
@@ -76,7 +111,14 @@ class ShardSet(Sequence["SampleRef"]):
         self._init_process_state()
 
     def _init_process_state(self) -> None:
+        if self._set is not None:
+            self._starts = self._set.sample_start
+        else:
+            self._starts = np.cumsum([0] + [e.samples for e in self._entries], dtype=np.int64)
+        self._remote_mask = None if self._remote is None else np.asarray(self._remote, bool)
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
+        self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
+        self._indexes_lock = threading.Lock()  # read-ahead loads indexes from its own thread
         self._layouts: dict[int, ShardLayout] = {}
         self._files = LocalFiles(self.max_open)
         self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
@@ -86,6 +128,11 @@ class ShardSet(Sequence["SampleRef"]):
     def s3(self) -> S3Options:
         """The ``s3://`` settings in use."""
         return self.options.s3
+
+    @property
+    def set_index(self) -> SetIndex | None:
+        """The set index of a set of local shards (None for a manifest or remote shards)."""
+        return self._set
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -107,13 +154,47 @@ class ShardSet(Sequence["SampleRef"]):
         return np.diff(self._starts).tolist()
 
     def index(self, shard: int) -> ShardIndex:
-        """The index of shard number ``shard`` (loaded on first use for shards named by a manifest)."""
-        entry = self._entries[shard]
-        return entry.index if entry.index is not None else load_index(entry, self.options, self.cache_dir, self._write_index)
+        """The index of shard number ``shard``: a view of the set index, or the shard's own index
+        (loaded on first use for shards named by a manifest); at most ``max_indexes`` are held."""
+        if self._entries is not None and self._entries[shard].index is not None:
+            return self._entries[shard].index
+        with self._indexes_lock:
+            index = self._indexes.get(shard)
+            if index is not None:
+                self._indexes.move_to_end(shard)
+                return index
+        if self._set is not None:
+            index = self._set.shard_index(shard)
+        else:
+            index = load_index(self._entries[shard], self.options, self.cache_dir, self._write_index, keep=False)
+        return self._hold(shard, index)
+
+    def _hold(self, shard: int, index: ShardIndex) -> ShardIndex:
+        with self._indexes_lock:
+            self._indexes[shard] = index
+            while len(self._indexes) > self.max_indexes:
+                self._indexes.popitem(last=False)
+        return index
+
+    def sample_key(self, shard: int, sample: int) -> str:
+        """The key of sample ``sample`` of shard number ``shard``."""
+        if self._set is not None:
+            return self._set.key(shard, sample)
+        return self.index(shard).key(sample)
+
+    def sample_fields(self, shard: int, sample: int) -> dict[str, tuple[int, int]]:
+        """``field -> (offset, size)`` of sample ``sample`` of shard number ``shard``."""
+        if self._set is not None:
+            return self._set.fields(shard, sample)
+        return self.index(shard).fields(sample)
 
     def shard_entry(self, shard: int) -> ShardEntry:
-        """URL, size, version and sample count of shard number ``shard``."""
-        return self._entries[shard]
+        """URL, size, version and sample count of shard number ``shard`` (for a set of local
+        shards, a new entry with its index each time)."""
+        if self._set is None:
+            return self._entries[shard]
+        return ShardEntry(self.urls[shard], int(self._set.shard_size[shard]), None,
+                          int(self._starts[shard + 1] - self._starts[shard]), self.index(shard))
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """(shard, sample within the shard) of each of the item ``indices``."""
@@ -123,7 +204,7 @@ class ShardSet(Sequence["SampleRef"]):
 
     # -- reading -----------------------------------------------------------------------------
     def _read(self, shard: int, sample: int, offset: int, size: int) -> memoryview:
-        if self._remote[shard]:
+        if self._remote is not None and self._remote[shard]:
             return self._read_remote(shard, sample, offset, size)
         mapping = self._maps.get(shard)
         if mapping is None:
@@ -135,7 +216,8 @@ class ShardSet(Sequence["SampleRef"]):
     def _map(self, shard: int) -> mmap.mmap:
         url = self.urls[shard]
         with open(url, "rb") as f:
-            if os.fstat(f.fileno()).st_size != self.index(shard).shard_size:
+            size = int(self._set.shard_size[shard]) if self._set is not None else self.index(shard).shard_size
+            if os.fstat(f.fileno()).st_size != size:
                 raise ObjectChangedError(f"the shard changed since it was indexed; delete {url}.hidx and restart", url=url)
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._maps[shard] = mapping
@@ -149,8 +231,7 @@ class ShardSet(Sequence["SampleRef"]):
         """Where shard ``shard``'s samples are, and where read-ahead puts them."""
         layout = self._layouts.get(shard)
         if layout is None:
-            self.index(shard)
-            layout = self._make_layout(shard)
+            layout = self._make_layout(shard, self.index(shard))
         return layout
 
     async def layout_async(self, shard: int) -> ShardLayout:
@@ -158,15 +239,22 @@ class ShardSet(Sequence["SampleRef"]):
         layout = self._layouts.get(shard)
         if layout is None:
             entry = self._entries[shard]
-            if entry.index is None:
-                await load_index_async(entry, self.options, self.cache_dir, self._write_index)
-            layout = self._make_layout(shard)
+            with self._indexes_lock:
+                index = entry.index if entry.index is not None else self._indexes.get(shard)
+            if index is None:
+                index = self._hold(shard, await load_index_async(entry, self.options, self.cache_dir, self._write_index,
+                                                                 keep=False))
+            layout = self._make_layout(shard, index)
         return layout
 
-    def _make_layout(self, shard: int) -> ShardLayout:
-        entry = self._entries[shard]
-        starts, ends = entry.index.sample_spans()
-        layout = self._layouts[shard] = ShardLayout(entry.url, entry.version, starts, ends, self._root or "")
+    def _make_layout(self, shard: int, index: ShardIndex) -> ShardLayout:
+        if self._set is not None:
+            starts, ends = self._set.spans(shard)
+            version = None
+        else:
+            starts, ends = index.sample_spans()
+            version = self._entries[shard].version
+        layout = self._layouts[shard] = ShardLayout(self.urls[shard], version, starts, ends, self._root or "")
         return layout
 
     def _read_remote(self, shard: int, sample: int, offset: int, size: int):
@@ -211,7 +299,7 @@ class ShardSet(Sequence["SampleRef"]):
         """How many upcoming items are worth announcing: what half the read-ahead memory holds."""
         if self._root is None:
             return 0
-        mean = max(1, sum(e.size or 0 for e in self._entries) // max(1, len(self)))
+        mean = max(1, sum(e.size or 0 for e in self._entries) // max(1, len(self)))  # remote shards: never a set index
         return max(1, self.readahead.max_bytes // 2 // mean)
 
     @property
@@ -228,9 +316,11 @@ class ShardSet(Sequence["SampleRef"]):
         self._files.clear()
 
     def __getstate__(self):
+        # A set index pickles as its file's path: no per-sample data, no per-shard index.
         state = dict(self.__dict__)
-        for name in ("_maps", "_layouts", "_files", "_remote_sample", "_fetcher"):
-            state.pop(name)  # per process
+        for name in ("_starts", "_remote_mask", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
+                     "_remote_sample", "_fetcher"):
+            state.pop(name)  # derived, or per process
         return state
 
     def __setstate__(self, state):
@@ -257,7 +347,7 @@ class SampleRef(Mapping[str, memoryview]):
     @property
     def key(self) -> str:
         """The sample's key."""
-        return self._set.index(self._shard).key(self._index)
+        return self._set.sample_key(self._shard, self._index)
 
     @property
     def url(self) -> str:
@@ -267,7 +357,7 @@ class SampleRef(Mapping[str, memoryview]):
     @property
     def fields(self) -> dict[str, tuple[int, int]]:
         """``field -> (offset, size)`` within the shard."""
-        return self._set.index(self._shard).fields(self._index)
+        return self._set.sample_fields(self._shard, self._index)
 
     def __getitem__(self, field: str):
         if field == "__key__":

@@ -13,10 +13,14 @@ Every measurement runs in a fresh subprocess; per N and order kind:
   so that each host loads 32 items);
 * **boundary pause**: a run started ``--runup`` seconds' worth of batches before the end of
   epoch 0 (it has that long to prepare epoch 1's order) crosses into epoch 1; the pause is the
-  longest gap between two batches around the boundary, against the median gap before it (one
-  batch time). ``runup 0`` starts 3 batches before the boundary: the pause without preparation;
+  gap from the last batch of epoch 0 to the first of epoch 1, against the median (and 90th
+  percentile) of the 200 gaps before it (one batch time). "no run-up" starts 3 batches before
+  the boundary: the pause without preparation;
 * **peak RSS / PSS**: sampled every 0.1 s during the run, for the main process and the largest
   worker; PSS splits shared pages between the processes that map them;
+* **CPU per batch by shard count**: a ``shardwise`` group of 10**7 items in 1,000 or 100,000
+  shards (a stand-in for a ShardSet: the same ``shard_sizes``, no files), with 1 or 8
+  partitions: the main process's CPU time per batch over 3,000 batches;
 * **growth over 10 epochs**: N = ``--epochs-n`` (default 10**6, batch 10,000): total PSS of the
   main process and its workers after epoch 1 and after epoch 10.
 
@@ -44,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 RESULT = "BENCH-RESULT "
 
@@ -131,9 +136,10 @@ def hydrax_child(spec: dict) -> dict:
                 times.append((b.batch_num, time.perf_counter()))
                 del b
         gaps = {num: t - times[i - 1][1] for i, (num, t) in enumerate(times) if i}
-        before = [g for num, g in gaps.items() if num < bpe - 1][len(gaps) // 2:] or list(gaps.values())
+        before = [g for num, g in gaps.items() if num < bpe][-200:]
         out["batch_s"] = round(statistics.median(before), 5)
-        out["pause_s"] = round(max(g for num, g in gaps.items() if bpe - 1 <= num <= bpe + 1), 5)
+        out["batch_p90_s"] = round(sorted(before)[int(0.9 * (len(before) - 1))], 5)
+        out["pause_s"] = round(gaps[bpe], 5)  # from the last batch of epoch 0 to the first of epoch 1
         out["runup_s"] = round(times[-1][1] - times[0][1], 2)
     elif what == "epochs":
         per_epoch = {}
@@ -147,6 +153,53 @@ def hydrax_child(spec: dict) -> dict:
         out["growth_pct"] = round(100 * (per_epoch[9] - per_epoch[0]) / per_epoch[0], 2)
     out.update(sampler.stop())
     return out
+
+
+class Sharded(Sequence):
+    """``n`` items in ``shards`` equal shards, as a ShardSet presents them (what ``shardwise`` needs)."""
+
+    def __init__(self, n: int, shards: int) -> None:
+        self.n, self.shards = n, shards
+
+    def shard_sizes(self) -> list[int]:
+        base, extra = divmod(self.n, self.shards)
+        return [base + (i < extra) for i in range(self.shards)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def shards_child(spec: dict) -> dict:
+    """Main-process CPU per batch of a ``shardwise`` group, by shard count."""
+    import resource
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jnp.ones(1).block_until_ready()
+    from hydrax import Dataloader, DataGroup
+
+    n, shards, batches = int(spec["n"]), int(spec["shards"]), int(spec["batches"])
+    group = DataGroup(256, Sharded(n, shards), loader_arrays={"x": ((), np.int64, jnp.int64)}, seed=1, shuffle_later="shardwise",
+                      shard_partitions=int(spec.get("partitions", 1)), permutation=spec["permutation"])
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    with Dataloader(load, group, loader_count=2, end_at=("batch", batches + 50)) as loader:
+        for i, b in enumerate(loader):
+            jax.block_until_ready(b.arrays["x"])
+            del b
+            if i == 49:
+                started, wall = cpu(), time.perf_counter()
+    spent = cpu() - started
+    return {"n": n, "shards": shards, "permutation": spec["permutation"], "partitions": spec.get("partitions", 1),
+            "cpu_us_per_batch": round(1e6 * spent / batches, 1), "wall_us_per_batch": round(1e6 * (time.perf_counter() - wall) / batches, 1)}
 
 
 # -- the Grain child -------------------------------------------------------------------------------
@@ -212,7 +265,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        result = hydrax_child(spec) if spec["kind"] == "hydrax" else grain_child(spec)
+        result = {"hydrax": hydrax_child, "grain": grain_child, "shards": shards_child}[spec["kind"]](spec)
         print(RESULT + json.dumps(result), flush=True)
         return
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -230,15 +283,20 @@ def main() -> None:
     grain = grain_rows(sorted(set(sizes + lazy_sizes)), hosts, args.grain_python)
     epochs = [run_child({"kind": "hydrax", "n": int(args.epochs_n), "batch": 10_000, "what": "epochs", "permutation": p})
               for p in ("numpy", "lazy")]
+    per_shard = [run_child({"kind": "shards", "n": 10**7, "shards": shards, "batches": 3000, "permutation": p, "partitions": c})
+                 for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000)]
     print("\n## hydrax: set-up, resume, boundary and memory by N (2 loaders, fork server, batch 256)\n")
     print(table(rows, [("N", "n"), ("permutation", "permutation"), ("first batch s", "first_s"),
                        *[(f"resume s (P={p})", f"resume_s_P{p}") for p in hosts],
-                       ("batch s", "batch_s"), ("boundary pause s (run-up)", "pause_s"), ("run-up s", "runup_s"),
+                       ("batch s (median)", "batch_s"), ("batch s (p90)", "batch_p90_s"), ("boundary pause s (run-up)", "pause_s"), ("run-up s", "runup_s"),
                        ("pause s (no run-up)", "pause_cold_s"), ("peak RSS main MB", "main_rss"),
                        ("peak PSS main MB", "main_pss"), ("peak RSS worker MB", "worker_rss"), ("peak PSS worker MB", "worker_pss")]))
     print("\n## Grain, same N (its process's peak RSS)\n")
     print(table(grain, [("N", "n"), ("API", "api"), ("P", "P"), ("first s", "first_s"), ("resume s", "resume_s"),
                         ("peak RSS MB", "main_rss"), ("note", "error")]))
+    print("\n## main-process CPU per batch of a shardwise group of 10**7 items, by shard count\n")
+    print(table(per_shard, [("permutation", "permutation"), ("partitions", "partitions"), ("shards", "shards"),
+                            ("CPU us/batch", "cpu_us_per_batch"), ("wall us/batch", "wall_us_per_batch"), ("note", "error")]))
     print("\n## total PSS (main + workers) over 10 epochs\n")
     for e in epochs:
         print(f"- {e.get('permutation')}, N = {e.get('n')}: growth {e.get('growth_pct')}% "
@@ -259,7 +317,7 @@ def measure(n: int, permutation: str, hosts: list[int], runup_s: float) -> dict:
     row["pause_cold_s"] = cold.get("pause_s")
     batch_s = estimate_batch_s(n, permutation)
     warm = run_child({**base, "what": "boundary", "runup_batches": max(20, min(n // 256 - 1, int(runup_s / max(batch_s, 1e-4))))})
-    for key in ("batch_s", "pause_s", "runup_s", "error"):
+    for key in ("batch_s", "batch_p90_s", "pause_s", "runup_s", "error"):
         if key in warm:
             row[key] = warm[key]
     for key in ("main_rss", "main_pss", "worker_rss", "worker_pss"):

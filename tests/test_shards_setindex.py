@@ -1,0 +1,195 @@
+"""The set index: one mapped file for all the local shards of a ShardSet, reused while they are unchanged."""
+
+import logging
+import os
+import pickle
+import shutil
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from hydrax.errors import ObjectChangedError
+from hydrax.shards import ShardEntry, ShardIndex, ShardSet, ShardWriter, open_index, write_manifest
+from hydrax.shards.setindex import HEADER_SIZE, SetIndex, set_index_bytes, set_index_path, urls_digest
+
+
+def write_shards(folder, count=3, per_shard=7, fields=("bin", "cls")):
+    """``count`` shards of ``per_shard`` samples (keys k00000...), with their indexes."""
+    with ShardWriter(str(folder / "s-%03d.tar"), maxcount=per_shard) as writer:
+        for i in range(count * per_shard):
+            sample = {"__key__": f"k{i:05d}", **{f: f"{f}{i}" for f in fields}}
+            writer.write(sample)
+    return writer.paths
+
+
+def contents(dataset):
+    return [(s.key, s.url, {f: bytes(s[f]) for f in s}) for s in dataset]
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return write_shards(tmp_path)
+
+
+def test_local_shards_share_one_set_index_whose_views_equal_each_shards_index(shards, tmp_path):
+    dataset = ShardSet(shards, cache_dir=str(tmp_path / "cache"))
+    path = set_index_path(str(tmp_path / "cache"), urls_digest(shards))
+    assert dataset.set_index.path == path and os.listdir(tmp_path / "cache" / "sets") == [os.path.basename(path)]
+    assert len(dataset) == 21 and dataset.shard_sizes() == [7, 7, 7]
+    for shard, url in enumerate(shards):
+        own, view = open_index(url), dataset.index(shard)
+        assert view.same_samples(own) and view.field_names == own.field_names
+        assert (view.shard_size, view.shard_mtime_ns) == (own.shard_size, own.shard_mtime_ns)
+        assert all(np.array_equal(a, b) for a, b in zip(dataset.set_index.spans(shard), own.sample_spans()))
+        assert dataset.shard_entry(shard).samples == 7 and dataset.shard_entry(shard).size == os.path.getsize(url)
+    assert dataset[8].key == "k00008" and bytes(dataset[8]["cls"]) == b"cls8" and dataset[8].fields == open_index(shards[1]).fields(1)
+    shards_of, within = dataset.locate([0, 6, 7, 20])
+    assert shards_of.tolist() == [0, 0, 1, 2] and within.tolist() == [0, 6, 0, 6]
+
+
+def test_a_second_open_reuses_the_set_index_without_the_shards_own_indexes(shards, tmp_path):
+    first = contents(ShardSet(shards, cache_dir=str(tmp_path / "cache")))
+    for url in shards:
+        os.unlink(url + ".hidx")
+    again = ShardSet(shards, cache_dir=str(tmp_path / "cache"))
+    assert contents(again) == first
+    assert not any(os.path.exists(url + ".hidx") for url in shards)  # not needed, so not rebuilt
+
+
+def test_a_shard_that_changed_rebuilds_the_set_index_saying_why(shards, tmp_path, caplog):
+    cache = str(tmp_path / "cache")
+    ShardSet(shards, cache_dir=cache)
+    os.unlink(shards[1] + ".hidx")
+    with ShardWriter(str(tmp_path / "new-%d.tar"), maxcount=3) as writer:
+        for i in range(3):
+            writer.write({"__key__": f"n{i}", "txt": "new"})
+    shutil.move(writer.paths[0], shards[1])
+    with caplog.at_level(logging.INFO, logger="hydrax.shards.catalog"):
+        again = ShardSet(shards, cache_dir=cache)
+    assert "1 shard(s) changed since it was built, the first" in caplog.text and shards[1] in caplog.text
+    assert again.shard_sizes() == [7, 3, 7] and again[7].key == "n0" and bytes(again[7]["txt"]) == b"new"
+    assert again.index(1).field_names == ("txt",) and again.index(0).field_names == ("bin", "cls")
+    caplog.clear()
+    os.utime(shards[0], ns=(1_000_000_000, 1_000_000_000))  # a copy: a new time only
+    with caplog.at_level(logging.INFO, logger="hydrax.shards.catalog"):
+        assert contents(ShardSet(shards, cache_dir=cache)) == contents(again)
+    assert "modified at" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hydrax.shards.catalog"):
+        ShardSet(shards, cache_dir=cache)
+    assert "rebuilding" not in caplog.text
+
+
+def test_a_damaged_set_index_is_rebuilt(shards, tmp_path, caplog):
+    dataset = ShardSet(shards, cache_dir=str(tmp_path / "cache"))
+    path = dataset.set_index.path
+    raw = bytearray(open(path, "rb").read())
+    raw[-3] ^= 0xFF
+    os.unlink(path)  # the mapping keeps the old file
+    open(path, "wb").write(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        again = ShardSet(shards, cache_dir=str(tmp_path / "cache"))
+    assert "checksum mismatch" in caplog.text and contents(again) == contents(dataset)
+    SetIndex.open(path)  # rewritten whole
+
+
+def test_a_pickled_shardset_carries_the_set_index_path_not_the_samples(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    small = ShardSet(write_shards(tmp_path / "a", 4, 5), cache_dir=str(tmp_path / "cache"))
+    large = ShardSet(write_shards(tmp_path / "b", 4, 500), cache_dir=str(tmp_path / "cache"))
+    small.index(0), large.index(0), bytes(large[3]["cls"])  # views and mappings are not pickled
+    sizes = [len(pickle.dumps(s)) for s in (small, large)]
+    assert abs(sizes[0] - sizes[1]) < 200, sizes
+    packed = cloudpickle.dumps(large)
+    assert b"k00003" not in packed and b"ShardIndex" not in packed
+    again = pickle.loads(packed)
+    assert again.set_index.path == large.set_index.path and contents(again) == contents(large)
+
+
+def test_a_set_index_replaced_by_another_after_pickling_is_an_error(shards, tmp_path):
+    dataset = ShardSet(shards, cache_dir=str(tmp_path / "cache"))
+    packed = pickle.dumps(dataset)
+    # a process that built the same set index at the same time wrote the same bytes: no harm
+    shutil.copy(dataset.set_index.path, str(tmp_path / "copy"))
+    os.replace(str(tmp_path / "copy"), dataset.set_index.path)
+    assert contents(pickle.loads(packed)) == contents(dataset)
+    # one of other contents (a shard changed since) is an error
+    indexes = [open_index(url) for url in shards]
+    (tmp_path / "other").write_bytes(set_index_bytes(indexes[:2], dataset.set_index.digest))
+    os.replace(str(tmp_path / "other"), dataset.set_index.path)
+    with pytest.raises(ObjectChangedError, match="the set index was replaced or removed"):
+        pickle.loads(packed)
+    os.unlink(dataset.set_index.path)
+    with pytest.raises(ObjectChangedError, match="the set index was replaced or removed"):
+        pickle.loads(packed)
+
+
+def test_without_write_index_or_a_writable_cache_the_set_index_is_held_in_memory(shards, tmp_path, caplog):
+    quiet = ShardSet(shards, cache_dir=str(tmp_path / "cache"), write_index=False)
+    assert quiet.set_index.path is None and not os.path.exists(tmp_path / "cache")
+    assert contents(pickle.loads(pickle.dumps(quiet))) == contents(quiet)
+    (tmp_path / "a-file").write_bytes(b"")  # no folder can be made under it, even by root
+    with caplog.at_level(logging.WARNING):
+        held = ShardSet(shards, cache_dir=str(tmp_path / "a-file"))
+    assert held.set_index.path is None and "could not write the set index" in caplog.text
+    assert contents(held) == contents(quiet)
+
+
+def test_shards_of_other_fields_keep_their_own_field_names(tmp_path):
+    first = write_shards(tmp_path, 1, 4, fields=("cls", "jpg"))
+    os.makedirs(tmp_path / "b")
+    second = write_shards(tmp_path / "b", 1, 4, fields=("json", "cls"))
+    empty = str(tmp_path / "empty.tar")
+    with open(empty, "wb") as f:
+        f.write(bytes(1024))  # a tar of no members
+    dataset = ShardSet([first[0], empty, second[0]], cache_dir=str(tmp_path / "cache"))
+    assert dataset.set_index.field_names == ("cls", "jpg", "json") and dataset.shard_sizes() == [4, 0, 4]
+    for shard, url in enumerate([first[0], empty, second[0]]):
+        own = open_index(url)
+        assert dataset.index(shard).same_samples(own) and dataset.index(shard).field_names == own.field_names
+    assert dataset[5].fields.keys() == {"cls", "json"} and bytes(dataset[5]["json"]) == b"json1"
+
+
+def test_the_file_is_aligned_checksummed_and_the_same_for_the_same_indexes(shards):
+    indexes = [open_index(url) for url in shards]
+    data = set_index_bytes(indexes, "d" * 64)
+    assert data == set_index_bytes(indexes, "d" * 64) and data[:16] == b"hydrax-set-index"
+    index = SetIndex(data)
+    assert len(index) == 3 and index.samples == 21 and index.digest == "d" * 64
+    for name in ("shard_size", "sample_start", "key_end", "key_bytes", "entry_field", "entry_size"):
+        array = getattr(index, name)
+        assert (array.ctypes.data - np.frombuffer(data, np.uint8).ctypes.data) % 64 == 0 and not array.flags.writeable
+    assert index.entry_start[-1] == len(index.entry_field) == 42 and HEADER_SIZE == 64
+    damaged = bytearray(data)
+    damaged[HEADER_SIZE + 5] ^= 1
+    with pytest.raises(Exception, match="checksum mismatch"):
+        SetIndex(bytes(damaged), "x.hsix")
+    with pytest.raises(Exception, match="x.hsix: not a readable hydrax set index"):
+        SetIndex(data[:-8], "x.hsix")
+
+
+def test_a_manifest_loads_indexes_lazily_and_holds_a_bounded_number(tmp_path):
+    urls = write_shards(tmp_path, 6, 3)
+    write_manifest([ShardEntry(u, os.path.getsize(u), None, 3) for u in urls], str(tmp_path / "data.json"))
+    dataset = ShardSet(str(tmp_path / "data.json"), max_indexes=2, cache_dir=str(tmp_path / "cache"))
+    assert dataset.set_index is None and dataset.shard_sizes() == [3] * 6
+    assert contents(dataset) == contents(ShardSet(urls, cache_dir=str(tmp_path / "cache")))
+    assert len(dataset._indexes) == 2 and all(dataset.shard_entry(s).index is None for s in range(6))
+    assert isinstance(dataset.index(0), ShardIndex) and list(dataset._indexes) == [5, 0]
+    with pytest.raises(ValueError, match=r"max_indexes=...\) must be a positive int, got 0"):
+        ShardSet(urls, max_indexes=0)
+
+
+def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):
+    from hydrax.shards import setindex
+
+    indexes = [open_index(url) for url in shards] * 3
+    whole = set_index_bytes(indexes, "e" * 64)
+    monkeypatch.setattr(setindex, "_CHUNK", 10)  # a piece per shard, or two
+    assert set_index_bytes(indexes, "e" * 64) == whole
+    index = SetIndex(whole)
+    for shard, own in enumerate(indexes):
+        assert index.shard_index(shard).same_samples(own)
+        assert all(np.array_equal(a, b) for a, b in zip(index.spans(shard), own.sample_spans()))
