@@ -215,7 +215,8 @@ class OrderBook:
             done.wait()  # it may be on its way in the background
 
     def close(self) -> None:
-        """Stop the background thread (after the order it may be computing)."""
+        """Stop the background thread (after the order it may be computing); close the memfd."""
+        self.close_fd()
         if self._jobs is not None:
             self._jobs.put(None)
             self._jobs = None

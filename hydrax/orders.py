@@ -27,9 +27,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .permute import permute, permute_range, round_keys
-from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, local_items, order_seed,
-                       share_positions)
+from .permute import permute, round_keys
+from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, lazy_permutation, local_items,
+                       order_seed, share_positions)
 
 
 class ItemOrder:
@@ -144,7 +144,7 @@ class LazyShardwise(ItemOrder):
         sizes = np.asarray(plan.shard_sizes, np.int64)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         count = len(sizes)
-        shards = permute_range(count, round_keys(plan.seed + epoch, count, LAZY_SHARDS), 0, count)
+        shards = lazy_permutation(plan.seed + epoch, count, LAZY_SHARDS)[:]
         self.partitions = partitions = plan.shard_partitions
         window = plan.shard_window
         if partitions == 1:

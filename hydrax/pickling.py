@@ -7,10 +7,10 @@ When that fails, :func:`unpicklable_part` walks into the value to name the inner
 fault (a closure variable, a global, an attribute), so the error can say what to change.
 
 Large buffers (numpy arrays of a megabyte or more, wherever they are in the value: a group's
-data, an array a loader closes over) do not go into the pickle: :func:`dumps` with
-``share=True`` hands them out of band (pickle protocol 5), :class:`SharedBuffers` copies them
+data, an array a loader closes over) do not go into the pickle: :func:`dumps` with a
+``shared`` list hands them out of band (pickle protocol 5), :class:`SharedBuffers` copies them
 once into a memfd, and every worker maps it (:func:`loads_shared`): one copy per host, shared,
-instead of one per worker.
+instead of one per worker. Those arrays are read-only in the workers.
 """
 
 from __future__ import annotations

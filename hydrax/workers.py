@@ -36,9 +36,9 @@ from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
+from .orderbook import BookSpec, WorkerOrders
 from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
-from .orderbook import BookSpec, WorkerOrders
 from .schedule import GroupPlan, local_seeds
 
 log = logging.getLogger(__name__)

@@ -178,3 +178,15 @@ def test_the_same_shard_order_is_the_one_numpy_balances():
     assert item_order(numpy_plan, 2).tolist() == shardwise_order(tuple(SIZES), 5, 2, 3).tolist()
     assert order_array(IdentityOrder(), 5) is None
     assert order_array(LazyItems(5, 1, 5, LAZY_ITEMS), 5).tolist() == LazyPermutation(5, 1, 5, LAZY_ITEMS)[:].tolist()
+
+
+def test_an_items_positions_in_consecutive_epochs_are_uncorrelated():
+    plan = plan_of(size=100_000, batch_size=100)
+    orders = [item_order(plan, e) for e in (3, 4)]
+    positions = [np.argsort(order) for order in orders]  # where each item lands
+    r = np.corrcoef(positions[0], positions[1])[0, 1]
+    assert abs(r) < 0.02
+    # and items land uniformly: deciles of the positions of the first 10,000 items
+    counts = np.bincount(positions[1][:10_000] * 10 // 100_000, minlength=10)
+    chi2 = (((counts - 1000) ** 2) / 1000).sum()
+    assert chi2 < 35  # 9 degrees of freedom: p < 1e-4 above 33.7

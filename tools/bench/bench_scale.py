@@ -14,8 +14,9 @@ Every measurement runs in a fresh subprocess; per N and order kind:
 * **boundary pause**: a run started ``--runup`` seconds' worth of batches before the end of
   epoch 0 (it has that long to prepare epoch 1's order) crosses into epoch 1; the pause is the
   gap from the last batch of epoch 0 to the first of epoch 1, against the median (and 90th
-  percentile) of the 200 gaps before it (one batch time). "no run-up" starts 3 batches before
-  the boundary: the pause without preparation;
+  percentile) of the 200 gaps before it (one batch time). (Without a run-up the order is not
+  ready at the boundary and the pipeline waits for it, about the "first batch" time of
+  ``"numpy"``, before the last batches of the epoch are delivered.);
 * **peak RSS / PSS**: sampled every 0.1 s during the run, for the main process and the largest
   worker; PSS splits shared pages between the processes that map them;
 * **CPU per batch by shard count**: a ``shardwise`` group of 10**7 items in 1,000 or 100,000
@@ -262,6 +263,7 @@ def main() -> None:
     parser.add_argument("--epochs-n", type=float, default=1e6, help="N of the 10-epoch memory run")
     parser.add_argument("--grain-python", help="an interpreter with grain installed (default: this one, if it has grain)")
     parser.add_argument("--quick", action="store_true", help="N up to 10**7, a short run-up")
+    parser.add_argument("--parts", default="orders,grain,epochs,shards", help="which tables to make")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -273,23 +275,24 @@ def main() -> None:
     if args.quick:
         sizes, lazy_sizes, args.runup = [s for s in sizes if s <= 10**7], [], 5.0
     hosts = [int(p) for p in args.hosts.split(",")]
+    parts = set(args.parts.split(","))
     rows = []
-    for n in sorted(set(sizes + lazy_sizes)):
+    for n in sorted(set(sizes + lazy_sizes)) if "orders" in parts else ():
         for permutation in ("numpy", "lazy"):
             if n not in sizes and permutation == "numpy":
                 continue
             rows.append(measure(n, permutation, hosts, args.runup))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    grain = grain_rows(sorted(set(sizes + lazy_sizes)), hosts, args.grain_python)
+    grain = grain_rows(sorted(set(sizes + lazy_sizes)), hosts, args.grain_python) if "grain" in parts else []
     epochs = [run_child({"kind": "hydrax", "n": int(args.epochs_n), "batch": 10_000, "what": "epochs", "permutation": p})
-              for p in ("numpy", "lazy")]
+              for p in ("numpy", "lazy") if "epochs" in parts]
     per_shard = [run_child({"kind": "shards", "n": 10**7, "shards": shards, "batches": 3000, "permutation": p, "partitions": c})
-                 for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000)]
+                 for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000) if "shards" in parts]
     print("\n## hydrax: set-up, resume, boundary and memory by N (2 loaders, fork server, batch 256)\n")
     print(table(rows, [("N", "n"), ("permutation", "permutation"), ("first batch s", "first_s"),
                        *[(f"resume s (P={p})", f"resume_s_P{p}") for p in hosts],
                        ("batch s (median)", "batch_s"), ("batch s (p90)", "batch_p90_s"), ("boundary pause s (run-up)", "pause_s"), ("run-up s", "runup_s"),
-                       ("pause s (no run-up)", "pause_cold_s"), ("peak RSS main MB", "main_rss"),
+                       ("peak RSS main MB", "main_rss"),
                        ("peak PSS main MB", "main_pss"), ("peak RSS worker MB", "worker_rss"), ("peak PSS worker MB", "worker_pss")]))
     print("\n## Grain, same N (its process's peak RSS)\n")
     print(table(grain, [("N", "n"), ("API", "api"), ("P", "P"), ("first s", "first_s"), ("resume s", "resume_s"),
@@ -313,15 +316,13 @@ def measure(n: int, permutation: str, hosts: list[int], runup_s: float) -> dict:
         row[f"resume_s_P{count}"] = resumed.get("first_s", resumed.get("error", "?")[:40])
         for key in ("main_rss", "main_pss", "worker_rss", "worker_pss"):
             row[key] = max(row.get(key, 0), resumed.get(key, 0))
-    cold = run_child({**base, "what": "boundary", "runup_batches": 3})
-    row["pause_cold_s"] = cold.get("pause_s")
     batch_s = estimate_batch_s(n, permutation)
     warm = run_child({**base, "what": "boundary", "runup_batches": max(20, min(n // 256 - 1, int(runup_s / max(batch_s, 1e-4))))})
     for key in ("batch_s", "batch_p90_s", "pause_s", "runup_s", "error"):
         if key in warm:
             row[key] = warm[key]
     for key in ("main_rss", "main_pss", "worker_rss", "worker_pss"):
-        row[key] = max(row.get(key, 0), cold.get(key, 0), warm.get(key, 0))
+        row[key] = max(row.get(key, 0), warm.get(key, 0))
     return row
 
 
