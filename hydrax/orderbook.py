@@ -181,11 +181,13 @@ class OrderBook:
         ``epoch_batch`` batches into the epoch; far enough in, the next epoch's is started."""
         plan, training = self._plans[group]
         key = stored_epoch(plan, epoch, training)
+        if key is not None:
+            self._start(group, key, background=False)
         if order_changes(plan, training) and epoch_batch >= self._ahead:
+            # after this epoch's: two O(N) computations at once would double the peak memory
             self._start(group, epoch + 1, background=True)
         if key is None:
             return IdentityOrder()
-        self._start(group, key, background=False)
         error = self._errors.get((group, key))
         if error is not None:
             raise error
@@ -230,12 +232,7 @@ class OrderBook:
         tag, rows = self._views[group][key % len(self._views[group])]
         try:
             tag[0] = 0
-            full = group_item_order(plan, key, training)
-            batches = full[: plan.batch_count * plan.batch_size].reshape(plan.batch_count, plan.batch_size)
-            positions = share_positions(plan)
-            columns = slice(positions.start, positions.stop) if isinstance(positions, range) else list(positions)
-            rows[:] = batches[:, columns]
-            del full, batches
+            _fill(rows, plan, key, training)
             tag[0] = key + 1
         except BaseException as exc:  # raised where the order is asked for
             log.exception("[hydrax] computing the item order of group %d for epoch %d failed:", group, key)
@@ -289,6 +286,42 @@ class WorkerOrders:
             return self._book.order(group, spec.plan, epoch, spec.training)
         return epoch_order(spec.plan, epoch, spec.training)
 
-    def items(self, group: int, epoch: int, group_index: int) -> Sequence[int]:
-        """The indices of the items of this process's share of batch ``group_index`` of ``group`` in ``epoch``."""
-        return self._orders.get(group, epoch).local(self._groups[group].plan, group_index)
+    def items(self, group: int, epoch: int, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        """The indices of the items at local positions ``[first, end)`` of this process's share
+        of batch ``group_index`` of ``group`` in ``epoch`` (a task's items)."""
+        return self._orders.get(group, epoch).local(self._groups[group].plan, group_index, first, end)
+
+
+#: Items of an arange written at once (so that filling a buffer needs no temporary of its size).
+_CHUNK = 1 << 20
+
+
+def _fill(rows: np.ndarray, plan: GroupPlan, key: int, training: bool) -> None:
+    """Write this process's share of every batch of the order of epoch ``key`` into ``rows``.
+
+    A plain permutation is ``Generator.shuffle`` of an arange, whose draws depend only on the
+    length, so it is shuffled in the book's own dtype (``int32``: half the memory), and straight
+    in the book when this process loads whole batches and no item is left over.
+    """
+    seed = None if training and plan.shuffle_later == "shardwise" else order_seed(plan, key, training)
+    used = plan.batch_count * plan.batch_size
+    if seed is not None and not plan.share and plan.size == used:
+        _shuffled_arange(rows.reshape(-1), seed)
+        return
+    if seed is not None:
+        full = np.empty(plan.size, rows.dtype)
+        _shuffled_arange(full, seed)
+    else:
+        full = group_item_order(plan, key, training)
+    batches = full[:used].reshape(plan.batch_count, plan.batch_size)
+    positions = share_positions(plan)
+    columns = slice(positions.start, positions.stop) if isinstance(positions, range) else list(positions)
+    rows[:] = batches[:, columns]
+
+
+def _shuffled_arange(out: np.ndarray, seed: int) -> None:
+    """``out`` := ``Generator(PCG64(seed)).permutation(len(out))``, computed in place."""
+    for start in range(0, len(out), _CHUNK):
+        stop = min(start + _CHUNK, len(out))
+        out[start:stop] = np.arange(start, stop, dtype=out.dtype)
+    np.random.Generator(np.random.PCG64(int(seed))).shuffle(out)

@@ -39,9 +39,10 @@ class ItemOrder:
         """The items at ``positions`` (an int64 array of positions of the epoch)."""
         raise NotImplementedError
 
-    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
-        """The items of this process's share (``plan.share``) of batch ``group_index``, as ints."""
-        return self.at(local_positions(plan, group_index)).tolist()
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        """The items of this process's share (``plan.share``) of batch ``group_index``, as ints;
+        only those at local positions ``[first, end)`` when given (a task computes no more)."""
+        return self.at(local_positions(plan, group_index)[first:end]).tolist()
 
 
 def local_positions(plan: GroupPlan, group_index: int) -> np.ndarray:
@@ -59,8 +60,8 @@ class IdentityOrder(ItemOrder):
     def at(self, positions: np.ndarray) -> np.ndarray:
         return np.asarray(positions, np.int64)
 
-    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
-        return local_items(plan, None, group_index)
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        return local_items(plan, None, group_index)[first:end]
 
 
 class ArrayOrder(ItemOrder):
@@ -72,8 +73,8 @@ class ArrayOrder(ItemOrder):
     def at(self, positions: np.ndarray) -> np.ndarray:
         return self.array[positions].astype(np.int64, copy=False)
 
-    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
-        return local_items(plan, self.array, group_index)
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        return local_items(plan, self.array, group_index)[first:end]
 
 
 class ShareOrder(ItemOrder):
@@ -90,8 +91,8 @@ class ShareOrder(ItemOrder):
     def at(self, positions: np.ndarray) -> np.ndarray:
         raise TypeError("a ShareOrder holds only this process's share of each batch; use local()")
 
-    def local(self, plan: GroupPlan, group_index: int) -> Sequence[int]:
-        items = self.rows[group_index].tolist()
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        items = self.rows[group_index, first:end].tolist()
         if self._check is not None:
             self._check()
         return items
@@ -121,15 +122,30 @@ class _WindowStream:
         self.run_sizes = ends - self.run_starts
         self.words = words
         self.length = int(self.cum[-1])
+        self._keys: OrderedDict[int, np.ndarray] = OrderedDict()  # of the runs being read
+
+    def keys(self, run: int) -> np.ndarray:
+        """The round keys of run ``run`` (deriving them costs more than permuting a batch)."""
+        keys = self._keys.get(run)
+        if keys is None:
+            keys = self._keys[run] = round_keys(*self.words, run, LAZY_WINDOW)
+            if len(self._keys) > 8:
+                self._keys.popitem(last=False)
+        return keys
 
     def at(self, t: np.ndarray) -> np.ndarray:
         """The items at positions ``t`` (all below :attr:`length`) of the stream."""
         run = np.searchsorted(self.run_starts, t, side="right") - 1
         offset = t - self.run_starts[run]
-        for r in np.unique(run).tolist():
-            chosen = run == r
-            keys = round_keys(*self.words, r, LAZY_WINDOW)
-            offset[chosen] = permute(int(self.run_sizes[r]), keys, offset[chosen])
+        if not len(t):
+            return offset
+        first, last = int(run[0]), int(run[-1])
+        if first == last and (len(run) == 1 or run.min() == run.max()):
+            offset[:] = permute(int(self.run_sizes[first]), self.keys(first), offset)
+        else:
+            for r in np.unique(run).tolist():
+                chosen = run == r
+                offset[chosen] = permute(int(self.run_sizes[r]), self.keys(r), offset[chosen])
         offset += self.run_starts[run]
         shard = np.searchsorted(self.cum, offset, side="right") - 1
         return self.starts[self.shards[shard]] + offset - self.cum[shard]

@@ -264,8 +264,8 @@ class _Loop:
     def unsendable(self, task: Task, result: Completion, error: BaseException) -> Completion:
         """The failed result of ``task``, whose ``result`` could not be pickled: names the item and the key."""
         spec = self.config.groups[task.group]
-        indices = self.orders.items(task.group, task.epoch, task.group_index)
         first, end = task.first, task.end
+        indices = self.orders.items(task.group, task.epoch, task.group_index, first, end)
         reason = None
         for k, extras in enumerate(result.extras or (), first):
             for key, value in (extras or {}).items():
@@ -273,7 +273,7 @@ class _Loop:
                     ForkingPickler.dumps(value)
                 except Exception as exc:
                     reason = (
-                        f"the extras of item {indices[k]} ({_item_repr(spec.data, indices[k])}) cannot be sent to the main process: "
+                        f"the extras of item {indices[k - first]} ({_item_repr(spec.data, indices[k - first])}) cannot be sent to the main process: "
                         f"key {key!r} holds {_short_repr(value)}, which cannot be pickled ({type(exc).__name__}: {exc}); "
                         "loader_func must return extras that pickle (numbers, strings, numpy arrays and the like)"
                     )
@@ -281,7 +281,7 @@ class _Loop:
             if reason:
                 break
         if reason is None:
-            reason = (f"the extras of items {list(indices[first:end])} cannot be sent to the main process "
+            reason = (f"the extras of items {list(indices)} cannot be sent to the main process "
                       f"({type(error).__name__}: {error}); loader_func must return dicts that pickle")
         log.error("[hydrax] %s", reason)
         return Completion(task.task_id, False, error=reason)
@@ -291,7 +291,7 @@ class _Loop:
         task_id, slot, group, epoch, group_index, first, end = task
         spec = self.config.groups[group]
         plan = spec.plan
-        indices = self.orders.items(group, epoch, group_index)
+        indices = self.orders.items(group, epoch, group_index, first, end)  # this task's items only
         seeds = local_seeds(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
@@ -302,7 +302,7 @@ class _Loop:
         skipped: list | None = None  # (position, why) of the items zeroed instead of loaded
         for k in range(first, end):
             _core.mark_item(memory, status, task_id, k)
-            item = data[indices[k]]
+            item = data[indices[k - first]]
             try:
                 result = loader(item, views.mappings[k], None if seeds is None else seeds[k])
                 if result is not None and __debug__:
@@ -311,7 +311,7 @@ class _Loop:
                 # 0.2.2's words, with the traceback; a program without logging set up sees them on stderr
                 log.exception("[hydrax] exception while loading data item: %r", item)
                 _clean_traceback(exc)
-                why = f"{type(exc).__name__}: {exc} (item {indices[k]}: {item!r})"
+                why = f"{type(exc).__name__}: {exc} (item {indices[k - first]}: {item!r})"
                 fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
                 if self.config.skip_failed_items and fatal is None and isinstance(exc, Exception):
                     for view in views.views[k]:

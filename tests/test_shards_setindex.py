@@ -1,5 +1,7 @@
 """The set index: one mapped file for all the local shards of a ShardSet, reused while they are unchanged."""
 
+import gc
+import json
 import logging
 import os
 import pickle
@@ -10,7 +12,9 @@ import numpy as np
 import pytest
 
 from hydrax.errors import ObjectChangedError
+from hydrax.pickling import dumps
 from hydrax.shards import ShardEntry, ShardIndex, ShardSet, ShardWriter, open_index, write_manifest
+from hydrax.shards.catalog import ShardTable, UrlList
 from hydrax.shards.setindex import HEADER_SIZE, SetIndex, set_index_bytes, set_index_path, urls_digest
 
 
@@ -193,3 +197,115 @@ def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):
     for shard, own in enumerate(indexes):
         assert index.shard_index(shard).same_samples(own)
         assert all(np.array_equal(a, b) for a, b in zip(index.spans(shard), own.sample_spans()))
+
+
+# -- compact per-shard metadata: UrlList and ShardTable ---------------------------------------------
+
+
+def test_a_url_list_reads_like_a_list_of_str():
+    strings = ["a.tar", "", "dir/é-ü.tar", "bad-\udcff.tar", "s3://bucket/x y.tar"]
+    urls = UrlList(strings)
+    assert len(urls) == 5 and list(urls) == strings and urls == strings and strings == urls and urls == tuple(strings)
+    assert [urls[i] for i in range(-5, 5)] == strings * 2 and isinstance(urls[np.int64(2)], str)
+    for cut in (slice(None), slice(1, 3), slice(3, 1), slice(None, None, -2), slice(-2, None), slice(10, 20)):
+        assert urls[cut] == strings[cut]
+    assert urls != strings[:4] and urls != strings[:4] + ["x"] and urls != "a.tar" and UrlList(strings[:4]) != urls
+    assert urls == UrlList(strings) and "dir/é-ü.tar" in urls and urls.index("") == 1
+    for bad in (5, -6):
+        with pytest.raises(IndexError):
+            urls[bad]
+    with pytest.raises(TypeError):
+        urls["a"]
+    assert UrlList() == [] and len(UrlList([""])) == 1 and UrlList([""])[0] == ""
+    assert repr(UrlList(["a", "b"])) == "UrlList(['a', 'b'])"
+    assert repr(urls).startswith("UrlList(['a.tar', '', ..., 's3://bucket/x y.tar'], 5 strings")
+
+
+def test_a_url_list_pickles_as_one_array_that_can_travel_out_of_band():
+    small = UrlList([f"/data/shards/s-{n:06d}.tar" for n in range(100)])
+    large = UrlList([f"/data/shards/s-{n:06d}.tar" for n in range(100_000)])
+    assert pickle.loads(pickle.dumps(large)) == large and pickle.loads(pickle.dumps(small))[7] == small[7]
+    # nothing per string beyond the array: the pickle is the array's bytes and a constant
+    overhead = [len(pickle.dumps(u, protocol=5)) - u.nbytes for u in (small, large)]
+    assert abs(overhead[0] - overhead[1]) < 64, overhead
+    assert large.nbytes < 100_000 * (len(large[0]) + 8) + 64
+    buffers = []
+    packed = pickle.dumps(large, protocol=5, buffer_callback=buffers.append)
+    assert len(packed) < 500 and [b.raw().nbytes for b in buffers] == [large.nbytes]
+    again = pickle.loads(packed, buffers=[memoryview(buffers[0].raw().tobytes())])  # read-only, as the memfd gives it
+    assert again == large and again[-1] == "/data/shards/s-099999.tar"
+
+
+def test_a_shard_table_encodes_missing_sizes_and_versions():
+    entries = [ShardEntry("s3://b/a.tar", 100, '"e1"', 3), ShardEntry("s3://b/b.tar", None, None, 0),
+               ShardEntry("s3://b/c.tar", 7, '"e3"', 5)]
+    table = ShardTable.from_entries(entries)
+    assert len(table) == 3 and table.urls == [e.url for e in entries] and table.starts.tolist() == [0, 3, 3, 8]
+    assert table.sizes.tolist() == [100, -1, 7] and table.version(1) is None and table.version(2) == '"e3"'
+    assert table.entries() == entries and table.entry(1) is not table.entry(1)
+    unversioned = ShardTable(["a", "b"], [1, 2], ["", ""], [1, 1])
+    assert unversioned.versions is None and [e.version for e in unversioned.entries()] == [None, None]
+    again = pickle.loads(pickle.dumps(table))
+    assert again.entries() == entries and again.versions == table.versions
+    with pytest.raises(ValueError, match="2 URLs, 1 sizes"):
+        ShardTable(["a", "b"], [1], ["", ""], [1, 1])
+
+
+def many_shards_manifest(path, count):
+    """A manifest of ``count`` local shards that are not there (a ShardSet opens it without them)."""
+    shardlist = [{"url": f"s-{n:06d}.tar", "nsamples": 10, "filesize": 10240} for n in range(count)]
+    path.write_text(json.dumps({"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shardlist}))
+    return str(path)
+
+
+def test_a_manifest_shardset_holds_no_object_per_shard(tmp_path):
+    source = many_shards_manifest(tmp_path / "big.json", 70_000)
+    gc.collect()
+    before = sum(isinstance(o, ShardEntry) for o in gc.get_objects())
+    dataset = ShardSet(source, cache_dir=str(tmp_path / "cache"))
+    gc.collect()
+    assert sum(isinstance(o, ShardEntry) for o in gc.get_objects()) == before
+    assert not [name for name, value in vars(dataset).items() if isinstance(value, (list, tuple, dict)) and len(value) > 1000]
+    assert len(dataset) == 700_000 and dataset.urls[5] == str(tmp_path / "s-000005.tar") and dataset.shard_sizes()[:2] == [10, 10]
+    entry = dataset.shard_entry(69_999)
+    assert (entry.url, entry.size, entry.version, entry.samples, entry.index) == (str(tmp_path / "s-069999.tar"), 10240, None, 10, None)
+    assert dataset.locate([0, 699_999])[0].tolist() == [0, 69_999]
+    # to a worker started from the fork server, the tables go out of band, into the shared memfd
+    shared = []
+    packed = dumps(dataset, shared)
+    assert len(packed) < 20_000 and sum(b.nbytes for b in shared) >= 70_000 * (8 + 8 + 8 + len("s-000000.tar"))
+    again = loads_shared_copy(packed, shared)
+    assert again.urls == dataset.urls and again.shard_sizes() == dataset.shard_sizes()
+
+
+def loads_shared_copy(packed, shared):
+    """Unpickle what :func:`hydrax.pickling.dumps` made, its buffers read-only, as workers get them."""
+    return pickle.loads(packed, buffers=[memoryview(bytes(b)) for b in shared])
+
+
+def test_a_glob_shardset_pickles_its_urls_as_an_array(shards, tmp_path):
+    dataset = ShardSet(str(tmp_path / "s-*.tar"), cache_dir=str(tmp_path / "cache"))
+    assert isinstance(dataset.urls, UrlList) and dataset.urls == shards and dataset.urls[1:] == shards[1:]
+    again = pickle.loads(pickle.dumps(dataset))
+    assert again.urls == shards and contents(again) == contents(dataset)
+
+
+def test_a_manifest_shard_loaded_again_after_its_index_was_dropped_keeps_the_version_first_found(tmp_path, monkeypatch):
+    from hydrax.shards import shardset
+
+    urls = write_shards(tmp_path, 2, 3)
+    write_manifest([ShardEntry(u, None, None, 3) for u in urls], str(tmp_path / "data.json"))  # no sizes, no ETags
+    dataset = ShardSet(str(tmp_path / "data.json"), max_indexes=1, cache_dir=str(tmp_path / "cache"))
+    seen, real = [], shardset.load_index
+
+    def load(entry, *args, **kwargs):  # as for a remote shard: the index tells the version it was built for
+        seen.append((entry.url, entry.size, entry.version))
+        index = real(entry, *args, **kwargs)
+        index.etag = f'"v{len(seen)}"'
+        return index
+
+    monkeypatch.setattr(shardset, "load_index", load)
+    dataset.index(0), dataset.index(1), dataset.index(0)
+    size = os.path.getsize(urls[0])
+    assert seen == [(urls[0], None, None), (urls[1], None, None), (urls[0], size, '"v1"')]
+    assert (dataset.shard_entry(1).size, dataset.shard_entry(1).version) == (os.path.getsize(urls[1]), '"v2"')

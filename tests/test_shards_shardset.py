@@ -54,6 +54,8 @@ def test_a_shardset_is_a_sequence_of_samples_equal_to_webdataset(shards):
     wds = pytest.importorskip("webdataset")
     dataset = ShardSet(f"{shards}/train-{{0000..0002}}.tar")
     assert len(dataset) == 33 and dataset.shard_sizes() == [10, 11, 12]
+    urls = expand_urls(f"{shards}/train-{{0000..0002}}.tar")
+    assert dataset.urls == urls and list(dataset.urls) == urls and dataset.urls[1:] == urls[1:] and dataset.urls[-1] == urls[-1]
     theirs = list(wds.WebDataset(f"{shards}/train-{{0000..0002}}.tar", shardshuffle=False))
     for ours, sample in zip(dataset, theirs):
         assert isinstance(ours, SampleRef)

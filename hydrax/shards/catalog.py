@@ -16,6 +16,10 @@ gives every shard its size, version and index:
 - a manifest (a wids ``wids-shard-index-v1`` descriptor, local or remote, named instead of
   shards): one request gives every shard, its sample count and, when hydrax wrote it, its size
   and ETag; the indexes are then loaded only when a shard is first read.
+
+A ShardSet holds what is known of its shards compactly, without a Python object per shard: URLs
+as a :class:`UrlList` (one byte array), sizes, sample counts and versions as a
+:class:`ShardTable` (arrays); :class:`ShardEntry` objects are made on demand.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ import hashlib
 import json
 import logging
 import os
+import operator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from ..errors import ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
@@ -66,6 +73,152 @@ class ShardEntry:
     version: str | None = None
     samples: int | None = None
     index: ShardIndex | None = None
+
+
+class UrlList(Sequence[str]):
+    """A list of strings (shard URLs or paths, ETags) held compactly, and read like a list of str.
+
+    All of it is one uint8 array: the count (int64), the ends of the strings (int64, count + 1,
+    the first 0), then the strings, UTF-8 (``surrogateescape``, so any path goes through). Pickled
+    it is that array: at a megabyte or more, workers started from the fork server map it from
+    shared memory (see :mod:`hydrax.pickling`) instead of each holding a Python list of strings.
+    ``urls[i]`` gives a new str; a slice, a list of them. It compares equal to a list (or tuple)
+    of the same strings, and to a :class:`UrlList` of them.
+    """
+
+    __slots__ = ("_data", "_count", "_ends", "_text")
+
+    def __init__(self, strings: Iterable[str] = ()) -> None:
+        strings = strings if isinstance(strings, (list, tuple)) else list(strings)
+        text = "".join(strings).encode("utf-8", "surrogateescape")
+        lengths = list(map(len, strings))
+        if len(text) != sum(lengths):  # not a byte per character: encode each
+            lengths = [len(s.encode("utf-8", "surrogateescape")) for s in strings]
+        count = len(lengths)
+        head = 8 * (count + 2)
+        data = np.empty(head + len(text), np.uint8)
+        numbers = data[:head].view(np.int64)
+        numbers[:2] = (count, 0)
+        np.cumsum(np.array(lengths, np.int64), out=numbers[2:])
+        data[head:] = np.frombuffer(text, np.uint8)
+        self._bind(data)
+
+    def _bind(self, data: np.ndarray) -> None:
+        self._data = data
+        self._count = int(data[:8].view(np.int64)[0])
+        head = 8 * (self._count + 2)
+        self._ends = data[8:head].view(np.int64)
+        self._text = memoryview(data[head:])
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the list's array in bytes."""
+        return self._data.nbytes
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._count)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return list(self._strings(start, max(start, stop)))
+        n = operator.index(index)
+        if n < 0:
+            n += self._count
+        if not 0 <= n < self._count:
+            raise IndexError(f"string {index} is out of range for {self._count} strings")
+        return str(self._text[self._ends.item(n) : self._ends.item(n + 1)], "utf-8", "surrogateescape")
+
+    def may_contain(self, text: str) -> bool:
+        """False when no string contains ``text`` (True may also mean that two adjacent ones
+        make it up): a quick test before looking at every string."""
+        return text.encode("utf-8", "surrogateescape") in self._text.tobytes()
+
+    def _strings(self, start: int, stop: int) -> Iterator[str]:
+        ends, text = self._ends[start : stop + 1].tolist(), self._text
+        for a, b in zip(ends, ends[1:]):
+            yield str(text[a:b], "utf-8", "surrogateescape")
+
+    def __iter__(self) -> Iterator[str]:
+        return self._strings(0, self._count)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, UrlList):
+            return self._count == other._count and np.array_equal(self._data, other._data)
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._count and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # like a list
+
+    def __getstate__(self):
+        return {"data": self._data}
+
+    def __setstate__(self, state) -> None:
+        self._bind(state["data"])
+
+    def __repr__(self) -> str:
+        if self._count <= 4:
+            return f"UrlList({list(self)!r})"
+        return f"UrlList([{self[0]!r}, {self[1]!r}, ..., {self[-1]!r}], {self._count} strings, {self.nbytes} bytes)"
+
+
+class ShardTable:
+    """What is known of each shard of a set before its index is loaded, compactly (no Python
+    object per shard): :attr:`urls` and :attr:`versions` (ETags; None when no shard has one) as
+    :class:`UrlList` s, and one int64 array of the sample counts (as their running sums,
+    :attr:`starts`) and the sizes (:attr:`sizes`). A missing size is -1, a missing version ``""``.
+
+    :meth:`entry` makes the :class:`ShardEntry` of one shard, on demand.
+    """
+
+    def __init__(self, urls: Sequence[str], sizes: Sequence[int], versions: Sequence[str], samples: Sequence[int]) -> None:
+        self.urls = urls if isinstance(urls, UrlList) else UrlList(urls)
+        count = len(self.urls)
+        if not len(sizes) == len(versions) == len(samples) == count:
+            raise ValueError(f"{count} URLs, {len(sizes)} sizes, {len(versions)} versions and {len(samples)} counts")
+        numbers = np.empty((2, count + 1), np.int64)  # one array: pickled out of band from ~65,000 shards
+        numbers[0, 0] = 0
+        np.cumsum(np.asarray(samples, np.int64), out=numbers[0, 1:])
+        numbers[1, :count] = np.asarray(sizes, np.int64)
+        numbers[1, count] = -1
+        self._numbers = numbers
+        self.versions = UrlList(versions) if any(versions) else None
+
+    @classmethod
+    def from_entries(cls, entries: Sequence[ShardEntry]) -> ShardTable:
+        """The table of ``entries`` (each with its sample count)."""
+        return cls([e.url for e in entries], [-1 if e.size is None else e.size for e in entries],
+                   [e.version or "" for e in entries], [e.samples for e in entries])
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Where each shard's samples begin in the set, and the total (int64, shards + 1)."""
+        return self._numbers[0]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Each shard's size in bytes, -1 where unknown (int64)."""
+        return self._numbers[1, :-1]
+
+    def version(self, shard: int) -> str | None:
+        """The version (ETag) of shard number ``shard``, or None."""
+        return None if self.versions is None else self.versions[shard] or None
+
+    def entry(self, shard: int) -> ShardEntry:
+        """A new :class:`ShardEntry` of shard number ``shard`` (without its index)."""
+        size = self._numbers.item(1, shard)
+        return ShardEntry(self.urls[shard], None if size < 0 else size, self.version(shard),
+                          self._numbers.item(0, shard + 1) - self._numbers.item(0, shard))
+
+    def entries(self) -> list[ShardEntry]:
+        """Every shard's :class:`ShardEntry`."""
+        return [self.entry(n) for n in range(len(self))]
 
 
 def expand_urls(urls: str | Sequence[str], options: StoreOptions | None = None) -> list[str]:
@@ -153,17 +306,18 @@ def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], op
     return entries
 
 
-def resolve_set(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry] | tuple[list[str], SetIndex]:
-    """The shards of ``urls``: when all of them are local files (and ``urls`` is no manifest),
-    ``(their paths, their set index)`` (see :func:`open_set_index`); else, as :func:`resolve`
-    gives them, every shard's :class:`ShardEntry`."""
+def resolve_set(urls, options: StoreOptions, cache_dir: str,
+                write_index: bool) -> ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]:
+    """The shards of ``urls``: of a manifest, its :class:`ShardTable` (no index loaded); when all
+    of them are local files, ``(their paths, their set index)`` (see :func:`open_set_index`); else,
+    as :func:`resolve` gives them, every shard's :class:`ShardEntry`."""
     if is_manifest(urls):
-        return read_manifest(os.fspath(urls), options)
+        return read_manifest_table(os.fspath(urls), options)
     shards, listed = _expand(urls, options)
     if any(is_remote(info.url) for info in shards):
         return _resolve_entries(shards, listed, options, cache_dir, write_index)
     paths = [info.url for info in shards]
-    return paths, open_set_index(paths, cache_dir, write_index)
+    return UrlList(paths), open_set_index(paths, cache_dir, write_index)
 
 
 def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -> SetIndex:
@@ -379,8 +533,13 @@ def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEn
 
     Each shardlist entry gives ``url`` and ``nsamples``; hydrax also reads ``filesize`` and its
     own ``etag`` when present. Relative shard URLs are resolved against the descriptor's
-    ``base``, else its own folder.
+    ``base``, else its own folder. (:func:`read_manifest_table` gives them compactly.)
     """
+    return read_manifest_table(url, options).entries()
+
+
+def read_manifest_table(url: str, options: StoreOptions | None = None) -> ShardTable:
+    """:func:`read_manifest` as a :class:`ShardTable`: no Python object per shard."""
     options = options or StoreOptions()
     try:
         if is_remote(url):
@@ -395,25 +554,30 @@ def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEn
         raise ShardFormatError(f"not a JSON dataset manifest ({exc})", url=url) from exc
     except FileNotFoundError as exc:
         raise ObjectNotFoundError("does not exist", url=url, subject=f"manifest {url!r} ") from exc
-    entries = manifest_entries(descriptor, folder, url)
-    if not entries:
+    table = manifest_table(descriptor, folder, url)
+    if not len(table):
         raise ShardFormatError("the manifest lists no shards", url=url)
-    return entries
+    return table
 
 
 def manifest_entries(descriptor, folder: str, url: str) -> list[ShardEntry]:
     """The shards a parsed wids descriptor lists (relative URLs resolved against ``folder``)."""
+    return manifest_table(descriptor, folder, url).entries()
+
+
+def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
+    """:func:`manifest_entries` as a :class:`ShardTable`."""
     if not isinstance(descriptor, dict):
         raise ShardFormatError(f"not a {WIDS_KIND} descriptor (a JSON object is needed)", url=url)
     pairs = read_wids_descriptor(descriptor, folder, where=url)
-    entries = []
-    for (shard_url, count), raw_entry in zip(pairs, descriptor.get("shardlist", [])):
+    sizes, etags = [], []
+    for raw_entry in descriptor.get("shardlist", []):
         # hydrax's own additions: a damaged one only costs the check it allows
         size = raw_entry.get("filesize")
         etag = raw_entry.get("etag")
-        entries.append(ShardEntry(shard_url, size if type(size) is int and size >= 0 else None,
-                                  etag if isinstance(etag, str) else None, count))
-    return entries
+        sizes.append(size if type(size) is int and 0 <= size < 1 << 62 else -1)
+        etags.append(etag if isinstance(etag, str) else "")
+    return ShardTable([u for u, _ in pairs], sizes, etags, [c for _, c in pairs])
 
 
 def manifest_json(entries: Sequence[ShardEntry], name: str = "dataset", base: str | None = None) -> str:

@@ -21,6 +21,13 @@ Indexes are held three ways:
 - a manifest (local or remote shards): each shard's index is loaded when the shard is first
   read, and at most ``max_indexes`` of them are held per process (least recently used dropped);
 - remote shards named directly: every index is found at set-up, as before, and held.
+
+What a ShardSet knows of every shard is held without a Python object per shard: the URLs as a
+:class:`~hydrax.shards.catalog.UrlList` (one byte array), and, for a manifest or remote shards,
+sizes, sample counts and versions in a :class:`~hydrax.shards.catalog.ShardTable` (arrays);
+:meth:`ShardSet.shard_entry` makes a :class:`ShardEntry` on demand. Those arrays are what a
+pickled ShardSet carries, so workers started from the fork server map them from one shared copy
+(see :mod:`hydrax.pickling`) once they reach a megabyte, about 30,000 shards.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
-from .catalog import ShardEntry, default_cache_dir, expand_urls, load_index, load_index_async, resolve_set
+from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index, load_index_async,
+                      resolve_set)
 from .indexfile import ShardIndex
 from .setindex import SetIndex
 from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
@@ -76,6 +84,10 @@ class ShardSet(Sequence["SampleRef"]):
     written into ``cache_dir`` (with ``write_index``; else held in memory) and reused while every
     shard keeps the size and modification time it had. The set index covers only sets of local
     shards: a set with a remote shard, or a manifest, holds per-shard indexes as before.
+
+    :attr:`urls` holds the shards' URLs (paths for local shards) as a
+    :class:`~hydrax.shards.catalog.UrlList`, which reads like a list of str: ``urls[i]``,
+    slices (lists), iteration, ``len`` and ``==`` against a list.
     """
 
     def __init__(self, urls: str | Sequence[str], *, write_index: bool = True, s3: S3Options | None = None,
@@ -90,17 +102,7 @@ class ShardSet(Sequence["SampleRef"]):
         self.max_open = max_open
         self.max_indexes = max_indexes
         self._write_index = write_index
-        found = resolve_set(urls, self.options, self.cache_dir, write_index)
-        self._set: SetIndex | None = None
-        self._entries: list[ShardEntry] | None = None
-        self._remote: list[bool] | None = None  # None: every shard is local
-        if isinstance(found, tuple):
-            self.urls, self._set = found
-        else:
-            self._entries = found
-            self.urls = [e.url for e in found]
-            if any(is_remote(url) for url in self.urls):
-                self._remote = [is_remote(url) for url in self.urls]
+        self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index))
         self._root: str | None = None
         if self._remote is not None and self.readahead.enabled:
             if self.readahead.cache_dir is not None:
@@ -110,16 +112,34 @@ class ShardSet(Sequence["SampleRef"]):
                 finalizer(self, self._root)
         self._init_process_state()
 
+    def _adopt(self, found: ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]) -> None:
+        """Hold what :func:`~hydrax.shards.catalog.resolve_set` found, compactly."""
+        self._set: SetIndex | None = None
+        self._table: ShardTable | None = None  # a manifest's or remote shards': sizes, counts, versions
+        self._held: list[ShardIndex | None] | None = None  # remote shards named directly: indexes found at set-up
+        self._remote: np.ndarray | None = None  # which shards are remote; None: every shard is local
+        if isinstance(found, tuple):
+            self.urls, self._set = found
+            return
+        if isinstance(found, list):
+            held = [entry.index for entry in found]
+            self._held = held if any(index is not None for index in held) else None
+            found = ShardTable.from_entries(found)
+        self._table = found
+        self.urls: UrlList = found.urls
+        if self.urls.may_contain("://"):  # else every shard is a local path
+            remote = np.fromiter(map(is_remote, self.urls), bool, len(self.urls))
+            if remote.any():
+                self._remote = remote
+
     def _init_process_state(self) -> None:
-        if self._set is not None:
-            self._starts = self._set.sample_start
-        else:
-            self._starts = np.cumsum([0] + [e.samples for e in self._entries], dtype=np.int64)
-        self._remote_mask = None if self._remote is None else np.asarray(self._remote, bool)
+        self._starts = self._set.sample_start if self._set is not None else self._table.starts
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
         self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
         self._indexes_lock = threading.Lock()  # read-ahead loads indexes from its own thread
         self._layouts: dict[int, ShardLayout] = {}
+        # (size, version) of remote shards whose table lacks them, found when their indexes load
+        self._learned: dict[int, tuple[int, str]] = {}
         self._files = LocalFiles(self.max_open)
         self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
         self._fetcher: Fetcher | None = None
@@ -156,18 +176,39 @@ class ShardSet(Sequence["SampleRef"]):
     def index(self, shard: int) -> ShardIndex:
         """The index of shard number ``shard``: a view of the set index, or the shard's own index
         (loaded on first use for shards named by a manifest); at most ``max_indexes`` are held."""
-        if self._entries is not None and self._entries[shard].index is not None:
-            return self._entries[shard].index
+        index = self._known_index(shard)
+        if index is not None:
+            return index
+        if self._set is not None:
+            index = self._set.shard_index(shard)
+        else:
+            entry = self._entry(shard)
+            index = self._learn(shard, entry, load_index(entry, self.options, self.cache_dir, self._write_index, keep=False))
+        return self._hold(shard, index)
+
+    def _entry(self, shard: int) -> ShardEntry:
+        """A new :class:`ShardEntry` of ``shard`` (not of a set index), with the size and version
+        an earlier load of its index found when the table lacks them: a load after the index was
+        dropped reads the same version, without asking the store again."""
+        entry = self._table.entry(shard)
+        if entry.version is None and shard in self._learned:
+            entry.size, entry.version = self._learned[shard]
+        return entry
+
+    def _learn(self, shard: int, entry: ShardEntry, index: ShardIndex) -> ShardIndex:
+        if entry.version is None and index.etag is not None:
+            self._learned[shard] = (index.shard_size, index.etag)
+        return index
+
+    def _known_index(self, shard: int) -> ShardIndex | None:
+        """The index of ``shard`` if this process holds it (found at set-up, or recently used)."""
+        if self._held is not None and self._held[shard] is not None:
+            return self._held[shard]
         with self._indexes_lock:
             index = self._indexes.get(shard)
             if index is not None:
                 self._indexes.move_to_end(shard)
-                return index
-        if self._set is not None:
-            index = self._set.shard_index(shard)
-        else:
-            index = load_index(self._entries[shard], self.options, self.cache_dir, self._write_index, keep=False)
-        return self._hold(shard, index)
+            return index
 
     def _hold(self, shard: int, index: ShardIndex) -> ShardIndex:
         with self._indexes_lock:
@@ -189,10 +230,14 @@ class ShardSet(Sequence["SampleRef"]):
         return self.index(shard).fields(sample)
 
     def shard_entry(self, shard: int) -> ShardEntry:
-        """URL, size, version and sample count of shard number ``shard`` (for a set of local
-        shards, a new entry with its index each time)."""
+        """URL, size, version and sample count of shard number ``shard``: a new entry each time,
+        made from the compact tables (with its index for a set of local shards, or remote shards
+        named directly; without it for a manifest's shards, whose indexes load when read)."""
         if self._set is None:
-            return self._entries[shard]
+            entry = self._entry(shard)
+            if self._held is not None:
+                entry.index = self._held[shard]
+            return entry
         return ShardEntry(self.urls[shard], int(self._set.shard_size[shard]), None,
                           int(self._starts[shard + 1] - self._starts[shard]), self.index(shard))
 
@@ -238,12 +283,11 @@ class ShardSet(Sequence["SampleRef"]):
         """:meth:`layout` from an event loop (read-ahead loads many indexes at once)."""
         layout = self._layouts.get(shard)
         if layout is None:
-            entry = self._entries[shard]
-            with self._indexes_lock:
-                index = entry.index if entry.index is not None else self._indexes.get(shard)
+            index = self._known_index(shard)
             if index is None:
-                index = self._hold(shard, await load_index_async(entry, self.options, self.cache_dir, self._write_index,
-                                                                 keep=False))
+                entry = self._entry(shard)
+                index = await load_index_async(entry, self.options, self.cache_dir, self._write_index, keep=False)
+                index = self._hold(shard, self._learn(shard, entry, index))
             layout = self._make_layout(shard, index)
         return layout
 
@@ -253,7 +297,7 @@ class ShardSet(Sequence["SampleRef"]):
             version = None
         else:
             starts, ends = index.sample_spans()
-            version = self._entries[shard].version
+            version = self._entry(shard).version or index.etag  # the version the reads are pinned to
         layout = self._layouts[shard] = ShardLayout(self.urls[shard], version, starts, ends, self._root or "")
         return layout
 
@@ -278,7 +322,7 @@ class ShardSet(Sequence["SampleRef"]):
         if self._root is None:
             return
         shards, samples = self.locate(indices)
-        remote = self._remote_mask[shards]
+        remote = self._remote[shards]
         if not remote.any():
             return
         if self._fetcher is None:
@@ -299,7 +343,7 @@ class ShardSet(Sequence["SampleRef"]):
         """How many upcoming items are worth announcing: what half the read-ahead memory holds."""
         if self._root is None:
             return 0
-        mean = max(1, sum(e.size or 0 for e in self._entries) // max(1, len(self)))  # remote shards: never a set index
+        mean = max(1, int(np.maximum(self._table.sizes, 0).sum()) // max(1, len(self)))  # remote: never a set index
         return max(1, self.readahead.max_bytes // 2 // mean)
 
     @property
@@ -316,9 +360,10 @@ class ShardSet(Sequence["SampleRef"]):
         self._files.clear()
 
     def __getstate__(self):
-        # A set index pickles as its file's path: no per-sample data, no per-shard index.
+        # A set index pickles as its file's path: no per-sample data, no per-shard index; the
+        # URLs and a table's arrays pickle as arrays (out of band, shared, when large).
         state = dict(self.__dict__)
-        for name in ("_starts", "_remote_mask", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
+        for name in ("_starts", "_learned", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
                      "_remote_sample", "_fetcher"):
             state.pop(name)  # derived, or per process
         return state

@@ -21,7 +21,9 @@ Every measurement runs in a fresh subprocess; per N and order kind:
   worker; PSS splits shared pages between the processes that map them;
 * **CPU per batch by shard count**: a ``shardwise`` group of 10**7 items in 1,000 or 100,000
   shards (a stand-in for a ShardSet: the same ``shard_sizes``, no files), with 1 or 8
-  partitions: the main process's CPU time per batch over 3,000 batches;
+  partitions: the main process's CPU time per batch over a whole epoch (from batch 50 on), which
+  includes making the next epoch's order (``"numpy"``, on its background thread) or the shard
+  order (``"lazy"``) once;
 * **growth over 10 epochs**: N = ``--epochs-n`` (default 10**6, batch 10,000): total PSS of the
   main process and its workers after epoch 1 and after epoch 10.
 
@@ -184,7 +186,7 @@ def shards_child(spec: dict) -> dict:
     jnp.ones(1).block_until_ready()
     from hydrax import Dataloader, DataGroup
 
-    n, shards, batches = int(spec["n"]), int(spec["shards"]), int(spec["batches"])
+    n, shards = int(spec["n"]), int(spec["shards"])
     group = DataGroup(256, Sharded(n, shards), loader_arrays={"x": ((), np.int64, jnp.int64)}, seed=1, shuffle_later="shardwise",
                       shard_partitions=int(spec.get("partitions", 1)), permutation=spec["permutation"])
 
@@ -192,6 +194,7 @@ def shards_child(spec: dict) -> dict:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
+    batches = group.batch_count  # a whole epoch: one next-epoch order (numpy) or shard order (lazy) is made meanwhile
     with Dataloader(load, group, loader_count=2, end_at=("batch", batches + 50)) as loader:
         for i, b in enumerate(loader):
             jax.block_until_ready(b.arrays["x"])
@@ -286,7 +289,7 @@ def main() -> None:
     grain = grain_rows(sorted(set(sizes + lazy_sizes)), hosts, args.grain_python) if "grain" in parts else []
     epochs = [run_child({"kind": "hydrax", "n": int(args.epochs_n), "batch": 10_000, "what": "epochs", "permutation": p})
               for p in ("numpy", "lazy") if "epochs" in parts]
-    per_shard = [run_child({"kind": "shards", "n": 10**7, "shards": shards, "batches": 3000, "permutation": p, "partitions": c})
+    per_shard = [run_child({"kind": "shards", "n": 10**7, "shards": shards, "permutation": p, "partitions": c})
                  for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000) if "shards" in parts]
     print("\n## hydrax: set-up, resume, boundary and memory by N (2 loaders, fork server, batch 256)\n")
     print(table(rows, [("N", "n"), ("permutation", "permutation"), ("first batch s", "first_s"),

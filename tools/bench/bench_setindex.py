@@ -12,8 +12,9 @@ by the manifest (per-shard indexes loaded as shards are read), each in fresh pro
 - first open: a new, empty ``cache_dir`` (a set index is built from the ``.hidx`` files and
   written); second open: the same ``cache_dir`` (the set index is reused after a ``stat`` per
   shard);
-- the ShardSet's pickle (cloudpickle, as sent to workers started from the fork server): size and
-  time to pickle and to unpickle;
+- the ShardSet's pickle (cloudpickle): size and time to pickle and to unpickle; and, as sent to
+  workers started from the fork server (:func:`hydrax.pickling.dumps` with ``shared``), the size
+  of what stays in the pickle and of the buffers that go out of band into the shared memfd;
 - a ``hydrax.Dataloader`` (batch ``--batch``, ``--loaders`` loader processes, a trivial loader
   that reads every field of its sample) started by fork and by the fork server (JAX initialised
   first, as in training): time from creating the Dataloader to its first batch, and the PSS and
@@ -121,8 +122,13 @@ def child_open(source: str, cache: str) -> dict:
     start = time.perf_counter()
     cloudpickle.loads(packed)
     unpickled = time.perf_counter() - start
+    from hydrax.pickling import SHARED_BUFFER_BYTES, dumps
+
+    shared: list = []
+    in_band = dumps(dataset, shared)
     return {"open_s": opened, "samples": len(dataset), "pickle_mb": len(packed) / 2**20, "pickle_s": pickled,
-            "unpickle_s": unpickled, "main_pss_mb": memory()["pss"]}
+            "unpickle_s": unpickled, "main_pss_mb": memory()["pss"], "in_band_mb": len(in_band) / 2**20,
+            "shared_mb": sum(b.nbytes for b in shared if b.nbytes >= SHARED_BUFFER_BYTES) / 2**20}
 
 
 def child_batch(source: str, cache: str, method: str, batch: int, loaders: int) -> dict:
@@ -171,6 +177,7 @@ def measure(source: str, cache: str, batch: int, loaders: int) -> dict:
     second = run_child(["open", source, cache])
     result = {"first open (s)": first["open_s"], "second open (s)": second["open_s"],
               "pickle (MB)": second["pickle_mb"], "pickle (s)": second["pickle_s"], "unpickle (s)": second["unpickle_s"],
+              "forkserver pickle, in band (MB)": second["in_band_mb"], "  out of band, shared (MB)": second["shared_mb"],
               "main PSS after open (MB)": second["main_pss_mb"]}
     for method in ("fork", "forkserver"):
         found = run_child(["batch", source, cache, method, str(batch), str(loaders)], {"HYDRAX_START_METHOD": method})
@@ -178,6 +185,7 @@ def measure(source: str, cache: str, batch: int, loaders: int) -> dict:
         result[f"{method}: worker PSS (MB)"] = found["worker_pss_mb"]
         result[f"{method}: worker USS (MB)"] = found["worker_uss_mb"]
         result[f"{method}: main PSS (MB)"] = found["main_pss_mb"]
+    result["worker PSS, forkserver / fork"] = result["forkserver: worker PSS (MB)"] / result["fork: worker PSS (MB)"]
     return result
 
 
