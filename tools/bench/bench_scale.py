@@ -32,8 +32,9 @@ Grain (``--grain-python`` names an interpreter with ``grain`` installed; skipped
 position 1.5 N ("resume"); ``IndexSampler(N, ShardOptions(1, P), shuffle=True, num_epochs=None)``
 record at 1.5 N / P; peak RSS of its process.
 
-The 100,000-shard ShardSet figures come from ``tools/bench/bench_setindex.py`` (run with
-``--shards``).
+The 100,000-shard ShardSet figures (first and second open, by glob and from a manifest, pickle
+size, worker PSS with fork and the fork server, first batch) come from
+``tools/bench/bench_setindex.py``, which this bench runs last.
 
 How to run
 ----------
@@ -266,7 +267,7 @@ def main() -> None:
     parser.add_argument("--epochs-n", type=float, default=1e6, help="N of the 10-epoch memory run")
     parser.add_argument("--grain-python", help="an interpreter with grain installed (default: this one, if it has grain)")
     parser.add_argument("--quick", action="store_true", help="N up to 10**7, a short run-up")
-    parser.add_argument("--parts", default="orders,grain,epochs,shards", help="which tables to make")
+    parser.add_argument("--parts", default="orders,grain,epochs,shards,shardset", help="which tables to make")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -307,6 +308,10 @@ def main() -> None:
     for e in epochs:
         print(f"- {e.get('permutation')}, N = {e.get('n')}: growth {e.get('growth_pct')}% "
               f"(after each epoch, MB: {e.get('pss_after_epoch_mb', e.get('error'))})")
+    if "shardset" in parts:
+        # A ShardSet of 100,000 local shards x 10 samples, by glob and from a manifest: its own bench.
+        print("\n## ShardSet of 100,000 local shards (tools/bench/bench_setindex.py)\n", flush=True)
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_setindex.py")], check=False)
 
 
 def measure(n: int, permutation: str, hosts: list[int], runup_s: float) -> dict:
