@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .permute import permute, round_keys
+from .permute import permute, round_keys, round_keys_table
 from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, lazy_permutation, local_items,
                        order_seed, share_positions)
 
@@ -120,35 +120,37 @@ class _WindowStream:
         self.run_starts = self.cum[: len(shards) : window] if len(shards) else np.zeros(1, np.int64)
         ends = np.append(self.run_starts[1:], self.cum[-1])
         self.run_sizes = ends - self.run_starts
-        self.words = words
+        self.window = window
         self.length = int(self.cum[-1])
-        self._keys: OrderedDict[int, np.ndarray] = OrderedDict()  # of the runs being read
-
-    def keys(self, run: int) -> np.ndarray:
-        """The round keys of run ``run`` (deriving them costs more than permuting a batch)."""
-        keys = self._keys.get(run)
-        if keys is None:
-            keys = self._keys[run] = round_keys(*self.words, run, LAZY_WINDOW)
-            if len(self._keys) > 8:
-                self._keys.popitem(last=False)
-        return keys
+        # every run's round keys at once (64 bytes a run): one at a time they cost more than
+        # permuting a batch, and a batch of small shards crosses several runs
+        self.keys = round_keys_table(words, np.arange(len(self.run_starts)), (LAZY_WINDOW,))
 
     def at(self, t: np.ndarray) -> np.ndarray:
         """The items at positions ``t`` (all below :attr:`length`) of the stream."""
-        run = np.searchsorted(self.run_starts, t, side="right") - 1
-        offset = t - self.run_starts[run]
+        items = np.empty(len(t), np.int64)
         if not len(t):
-            return offset
-        first, last = int(run[0]), int(run[-1])
-        if first == last and (len(run) == 1 or run.min() == run.max()):
-            offset[:] = permute(int(self.run_sizes[first]), self.keys(first), offset)
+            return items
+        low, high = np.searchsorted(self.run_starts, (t.min(), t.max()), side="right") - 1
+        if low == high:  # a task's positions are consecutive: almost always one run
+            items[:] = self._in_run(int(low), t)
         else:
+            run = np.searchsorted(self.run_starts, t, side="right") - 1
             for r in np.unique(run).tolist():
                 chosen = run == r
-                offset[chosen] = permute(int(self.run_sizes[r]), self.keys(r), offset[chosen])
-        offset += self.run_starts[run]
-        shard = np.searchsorted(self.cum, offset, side="right") - 1
-        return self.starts[self.shards[shard]] + offset - self.cum[shard]
+                items[chosen] = self._in_run(r, t[chosen])
+        return items
+
+    def _in_run(self, run: int, t: np.ndarray) -> np.ndarray:
+        """The items at positions ``t`` of the stream, all in run ``run``: the search for their
+        shards covers the run's ``window`` shards, not all of them (a batch costs the same
+        whatever the shard count)."""
+        start = int(self.run_starts[run])
+        offset = permute(int(self.run_sizes[run]), self.keys[run], t - start) + start
+        first = run * self.window
+        cum = self.cum[first : first + self.window + 1]
+        shard = np.searchsorted(cum, offset, side="right") - 1
+        return self.starts[self.shards[first + shard]] + offset - cum[shard]
 
 
 class LazyShardwise(ItemOrder):

@@ -108,13 +108,16 @@ def balance_shards(shards: np.ndarray, shard_sizes: Sequence[int], partitions: i
 def _window_stream(shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, key: tuple[int, ...]) -> np.ndarray:
     """The items of ``shards`` (in that order), permuted within each run of ``window`` shards; run
     ``r`` uses ``Generator(PCG64([*key, r]))``."""
-    pieces = []
-    for run, first in enumerate(range(0, len(shards), window)):
-        chosen = shards[first : first + window]
-        items = np.concatenate([np.arange(starts[s], starts[s] + sizes[s], dtype=np.int64) for s in chosen])
+    counts = sizes[shards]
+    ends = np.cumsum(counts)
+    # the items of the shards, in that order, all at once: each shard's start, counted up
+    items = np.repeat(starts[shards] - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    bounds = np.concatenate(([0], ends[window - 1 :: window], ends[-1:] if len(shards) % window else ends[:0])).astype(np.int64)
+    out = np.empty_like(items)
+    for run, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
         rng = np.random.Generator(np.random.PCG64([*key, run]))
-        pieces.append(items[rng.permutation(len(items))])
-    return np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        out[a:b] = items[a:b][rng.permutation(b - a)]
+    return out
 
 
 def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window: int, partitions: int = 1,
