@@ -302,3 +302,14 @@ def test_fixed_points_and_ascending_runs_are_those_of_random_permutations():
         order = LazyPermutation(n, 78, t)[:]
         runs = 1 + int((order[1:] < order[:-1]).sum())
         assert abs(runs - (n + 1) / 2) < 6 * math.sqrt((n + 1) / 12), runs
+
+
+def test_a_table_of_round_keys_is_round_keys_of_each():
+    from hydrax.permute import round_keys_table
+
+    values = np.array([0, 1, 2, 4095, 2**32 + 7, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    for prefix, suffix in (((), ()), ((5,), (4,)), ((3, 2**70, 0), (4, 9))):
+        table = round_keys_table(prefix, values, suffix)
+        assert table.shape == (len(values), len(round_keys(0)))
+        for row, value in zip(table, values.tolist()):
+            assert row.tolist() == round_keys(*prefix, value, *suffix).tolist()
