@@ -321,15 +321,17 @@ def test_the_fork_server_starts_when_jax_does(tmp_path):
         say("BEFORE", forkserver._forkserver._forkserver_pid is not None)
         jnp.ones(1).block_until_ready()
         say("AFTER", forkserver._forkserver._forkserver_pid is not None)
+        server = forkserver._forkserver._forkserver_pid
         time.sleep(3.0)  # the rest of a training script's set-up
-        started = time.monotonic()
         with Dataloader(load, group(64), loader_count=2, end_at=("epoch", 1)) as dl:
             next(dl)
-            say("FIRST", dl.start_method, round(time.monotonic() - started, 3))
+            say("FIRST", dl.start_method, forkserver._forkserver._forkserver_pid == server)
     """)
     result = run_script(path)
     assert result.returncode == 0, result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["BEFORE"] == "False" and lines["AFTER"] == "True"
-    method, seconds = lines["FIRST"].split()
-    assert method == "forkserver" and float(seconds) < 0.3
+    # The loader's workers come from the server JAX's start started, not from one started (and
+    # importing) at the loader's first batch. (How long that first batch takes is a benchmark's
+    # business: on a busy machine any bound on it fails.)
+    assert lines["FIRST"].split() == ["forkserver", "True"]
