@@ -21,12 +21,12 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydr
 demo: $(STAMP)
 	$(BIN)/python -m hydrax.demo
 
-# The fast tier (about 2 minutes on 2 cores): every test without a tier mark (pyproject.toml
+# The fast tier (about 2.5 minutes on 2 cores): every test without a tier mark (pyproject.toml
 # lists them: slow, fuzz, multiprocess, wheel)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not fuzz and not multiprocess and not wheel"
 
-# Every test (about 9 minutes on 2 cores); CI runs this one
+# Every test (about 11 minutes on 2 cores); CI runs this one
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
