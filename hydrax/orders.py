@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .permute import permute, round_keys, round_keys_table
-from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, lazy_permutation, local_items,
+from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, group_item_order, lazy_permutation, local_items,
                        order_seed, share_positions)
 
 
@@ -186,7 +186,7 @@ class LazyShardwise(ItemOrder):
     def at(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, np.int64)
         if self.partitions == 1:
-            return self.streams[0].at(positions.copy())
+            return self.streams[0].at(positions)
         out = np.empty_like(positions)
         tail = positions >= self.used
         if tail.any():
@@ -229,8 +229,6 @@ def epoch_order(plan: GroupPlan, epoch: int, training: bool = True) -> ItemOrder
             return LazyShardwise(plan, epoch)
         seed = order_seed(plan, epoch, training)
         return IdentityOrder() if seed is None else LazyItems(plan.size, seed, plan.size, LAZY_ITEMS)
-    from .schedule import group_item_order
-
     array = group_item_order(plan, epoch, training)
     return IdentityOrder() if array is None else ArrayOrder(array)
 
