@@ -1,8 +1,8 @@
 """Readable pure-Python twins of the tar kernels of ``_core`` (``_tar.pxi``): the tests' oracle.
 
 Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long as it keeps
-agreeing with its twin here. It also holds the numpy twin of the permutation kernel
-(``_permute.pxi``): :func:`feistel_permute`.
+agreeing with its twin here. It also holds the numpy twins of the permutation kernels
+(``_permute.pxi``): :func:`feistel_permute` and :func:`feistel_windows`.
 """
 
 from __future__ import annotations
@@ -244,3 +244,23 @@ def feistel_permute(n: int, keys, positions) -> np.ndarray:
         x[walking] = _feistel_network(x[walking], keys, half)
         walking = walking[x[walking] >= np.uint64(n)]
     return x.astype(np.int64)
+
+
+def feistel_windows(positions, cum, shard_starts, run_shards, keys) -> np.ndarray:
+    """Twin of :func:`hydrax._core.feistel_windows`, returning the items instead of filling
+    ``out``: each run's positions through :func:`feistel_permute`, then a search for the shard."""
+    positions = np.asarray(positions, np.int64).reshape(-1)
+    cum, shard_starts, run_shards = (np.asarray(a, np.int64) for a in (cum, shard_starts, run_shards))
+    keys = np.asarray(keys, np.uint64).reshape(len(run_shards) - 1, -1)
+    run_starts, run_ends = cum[run_shards[:-1]], cum[run_shards[1:]]
+    run = np.searchsorted(run_starts, positions, side="right") - 1
+    if len(positions) and (run.min() < 0 or (positions >= run_ends[run]).any()):
+        raise ValueError("a position is in no run of the stream")
+    out = np.empty_like(positions)
+    for r in np.unique(run).tolist():
+        chosen = run == r
+        offset = feistel_permute(run_ends[r] - run_starts[r], keys[r], positions[chosen] - run_starts[r]) + run_starts[r]
+        run_cum = cum[run_shards[r] : run_shards[r + 1] + 1]
+        shard = np.searchsorted(run_cum, offset, side="right") - 1
+        out[chosen] = shard_starts[run_shards[r] + shard] + offset - run_cum[shard]
+    return out

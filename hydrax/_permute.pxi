@@ -131,3 +131,115 @@ def feistel_permute(uint64_t n, const uint64_t[::1] keys not None, const int64_t
             _feistel_stream(&positions[0], &out[0], count, round_keys, rounds, half, mask, n)
     if bad >= 0:
         raise ValueError(f"position {positions[bad]} (at index {bad}) is outside [0, {n})")
+
+
+# A lazy shardwise order reads a stream of shards whose items are permuted within each run of a
+# few consecutive shards, each run with its own keys. A batch of small shards crosses several
+# runs, and doing that in numpy (a search, a mask and a kernel call per run) cost more than the
+# permutation itself, and more the smaller the shards; here a batch is one call whatever it spans.
+# The tables are O(shards) long, so nothing here walks them: every entry read is checked where it
+# is read, and a call costs O(positions * log(shards)).
+
+cdef inline Py_ssize_t _last_at_or_before(const int64_t* cum, const int64_t* index, Py_ssize_t low, Py_ssize_t high,
+                                          Py_ssize_t shards, int64_t value) noexcept nogil:
+    # The last k in [low, high) with cum[index[k]] <= value (cum[k] when index is NULL); low - 1
+    # if there is none, -2 if an index read on the way is outside [0, shards].
+    cdef Py_ssize_t middle, at
+    cdef Py_ssize_t first = low
+    while low < high:
+        middle = low + (high - low) // 2
+        at = middle if index == NULL else <Py_ssize_t>index[middle]
+        if at < 0 or at > shards:
+            return -2
+        if cum[at] <= value:
+            low = middle + 1
+        else:
+            high = middle
+    return low - 1
+
+
+def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cum not None,
+                    const int64_t[::1] shard_starts not None, const int64_t[::1] run_shards not None,
+                    const uint64_t[:, ::1] keys not None, int64_t[::1] out not None):
+    """Store in ``out[i]`` the item at stream position ``positions[i]`` of a stream of shards
+    whose items are permuted within runs of shards.
+
+    The stream holds ``M = len(shard_starts)`` shards in order; shard ``j`` has positions
+    ``[cum[j], cum[j + 1])`` and its items start at ``shard_starts[j]``. Run ``r`` is shards
+    ``[run_shards[r], run_shards[r + 1])`` (``run_shards`` ascending, from 0 to ``M``), positions
+    ``[s, e) = [cum[run_shards[r]], cum[run_shards[r + 1]])``. A position ``t`` of run ``r`` moves
+    to ``o = s + P(t - s)``, ``P`` being :func:`feistel_permute`'s permutation of ``[0, e - s)``
+    with the round keys ``keys[r]``, and its item is ``shard_starts[j] + o - cum[j]`` for the
+    shard ``j`` of the run that holds ``o``.
+
+    Raises ValueError when the shapes disagree (``len(cum) == M + 1``, one row of keys per run, at
+    least one key per row, ``len(out) == len(positions)``), or when a position lies in no run or
+    the tables read on its way are inconsistent (then what ``out`` holds is unspecified). ``out``
+    must not be ``positions``.
+    """
+    cdef Py_ssize_t count = positions.shape[0]
+    cdef Py_ssize_t shards = shard_starts.shape[0]
+    cdef Py_ssize_t runs = run_shards.shape[0] - 1
+    if cum.shape[0] != shards + 1:
+        raise ValueError(f"{shards} shards need {shards + 1} cumulative sizes, got {cum.shape[0]}")
+    if runs < 0 or keys.shape[0] != runs:
+        raise ValueError(f"{max(runs, 0)} runs need as many rows of round keys, got {keys.shape[0]}")
+    if runs and keys.shape[1] == 0:
+        raise ValueError("a permutation needs at least one round key")
+    if out.shape[0] != count:
+        raise ValueError(f"{count} positions but room for {out.shape[0]} results")
+    if count == 0:
+        return
+    cdef const int64_t* c = &cum[0]
+    cdef const int64_t* bounds = &run_shards[0]
+    cdef Py_ssize_t rounds = keys.shape[1] if runs else 0
+    cdef Py_ssize_t i = 0, first, j, run = -1, low_shard = 0, high_shard = 0, shard, bad = -1
+    cdef int64_t t, start = 0, end = 0, offset
+    cdef uint64_t n, top
+    cdef unsigned int bits, half
+    cdef uint64_t mask
+    with nogil:
+        while i < count and bad < 0:
+            # A segment: consecutive positions in one run (the next run is looked up only when a
+            # position leaves this one), whose local offsets go through the lanes in one pass.
+            t = positions[i]
+            if run < 0 or not (start <= t < end):
+                run = _last_at_or_before(c, bounds, 0, runs, shards, t)
+                if run < 0:
+                    bad = i
+                    break
+                low_shard, high_shard = bounds[run], bounds[run + 1]
+                if not (0 <= low_shard <= high_shard <= shards):
+                    bad = i
+                    break
+                start, end = c[low_shard], c[high_shard]
+                if not (start <= t < end):
+                    bad = i
+                    break
+            first = i
+            while i < count and start <= positions[i] < end:
+                out[i] = <int64_t>(<uint64_t>positions[i] - <uint64_t>start)
+                i += 1
+            n = <uint64_t>end - <uint64_t>start
+            if n > (<uint64_t>1) << 63:
+                bad = first
+                break
+            if n > 1:
+                bits = 0
+                top = n - 1
+                while top:
+                    bits += 1
+                    top >>= 1
+                half = (max(bits, 2) + 1) // 2
+                mask = ((<uint64_t>1) << half) - 1
+                _feistel_stream(&out[first], &out[first], i - first, &keys[run, 0], rounds, half, mask, n)
+            for j in range(first, i):
+                offset = <int64_t>(<uint64_t>out[j] + <uint64_t>start)
+                shard = _last_at_or_before(c, NULL, low_shard, high_shard, shards, offset)
+                if shard < low_shard or not (c[shard] <= offset < c[shard + 1]):
+                    bad = j
+                    break
+                out[j] = <int64_t>(<uint64_t>shard_starts[shard] + <uint64_t>offset - <uint64_t>c[shard])
+    if bad >= 0:
+        raise ValueError(f"position {positions[bad]} (at index {bad}) is in no run of the stream, or the stream's tables "
+                         f"are inconsistent")

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .permute import permute, round_keys, round_keys_table
+from .permute import permute, permute_windows, round_keys, round_keys_table
 from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, group_item_order, lazy_permutation, local_items,
                        order_seed, share_positions)
 
@@ -111,46 +111,37 @@ class LazyItems(ItemOrder):
 
 class _WindowStream:
     """The items of some shards, taken in a given order, permuted within each run of ``window``
-    consecutive shards (run ``r`` keyed by ``(*words, r)``): held as O(shards) numbers."""
+    consecutive shards (run ``r`` keyed by ``(*words, r)``): held as O(shards) numbers, the tables
+    of :func:`hydrax.permute.permute_windows`."""
 
     def __init__(self, shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, words: tuple[int, ...]) -> None:
-        self.shards = shards
-        self.starts = starts
         self.cum = np.concatenate(([0], np.cumsum(sizes[shards], dtype=np.int64)))
-        self.run_starts = self.cum[: len(shards) : window] if len(shards) else np.zeros(1, np.int64)
-        ends = np.append(self.run_starts[1:], self.cum[-1])
-        self.run_sizes = ends - self.run_starts
-        self.window = window
-        self.length = int(self.cum[-1])
+        self.shard_starts = np.ascontiguousarray(starts[shards], np.int64)
+        self.run_shards = np.append(np.arange(0, len(shards), window, dtype=np.int64), len(shards))
         # every run's round keys at once (64 bytes a run): one at a time they cost more than
         # permuting a batch, and a batch of small shards crosses several runs
-        self.keys = round_keys_table(words, np.arange(len(self.run_starts)), (LAZY_WINDOW,))
+        self.keys = round_keys_table(words, np.arange(len(self.run_shards) - 1), (LAZY_WINDOW,))
+        self.length = int(self.cum[-1])
+
+    def joined(self, others: Sequence[_WindowStream]) -> _WindowStream:
+        """One stream of this one's positions, then each of ``others``'s in turn, each keeping
+        its runs and keys, so that positions of several streams go to one kernel call."""
+        streams = [self, *others]
+        joined = object.__new__(_WindowStream)
+        position_base = np.cumsum([0] + [s.length for s in streams[:-1]])
+        shard_base = np.cumsum([0] + [len(s.shard_starts) for s in streams[:-1]])
+        joined.cum = np.concatenate([[0]] + [s.cum[1:] + base for s, base in zip(streams, position_base)]).astype(np.int64)
+        joined.shard_starts = np.concatenate([s.shard_starts for s in streams])
+        joined.run_shards = np.concatenate([[0]] + [s.run_shards[1:] + base for s, base in zip(streams, shard_base)]).astype(np.int64)
+        joined.keys = np.concatenate([s.keys for s in streams])
+        joined.length = int(joined.cum[-1])
+        return joined
 
     def at(self, t: np.ndarray) -> np.ndarray:
-        """The items at positions ``t`` (all below :attr:`length`) of the stream."""
-        items = np.empty(len(t), np.int64)
-        if not len(t):
-            return items
-        low, high = np.searchsorted(self.run_starts, (t.min(), t.max()), side="right") - 1
-        if low == high:  # a task's positions are consecutive: almost always one run
-            items[:] = self._in_run(int(low), t)
-        else:
-            run = np.searchsorted(self.run_starts, t, side="right") - 1
-            for r in np.unique(run).tolist():
-                chosen = run == r
-                items[chosen] = self._in_run(r, t[chosen])
-        return items
-
-    def _in_run(self, run: int, t: np.ndarray) -> np.ndarray:
-        """The items at positions ``t`` of the stream, all in run ``run``: the search for their
-        shards covers the run's ``window`` shards, not all of them (a batch costs the same
-        whatever the shard count)."""
-        start = int(self.run_starts[run])
-        offset = permute(int(self.run_sizes[run]), self.keys[run], t - start) + start
-        first = run * self.window
-        cum = self.cum[first : first + self.window + 1]
-        shard = np.searchsorted(cum, offset, side="right") - 1
-        return self.starts[self.shards[first + shard]] + offset - cum[shard]
+        """The items at positions ``t`` (all below :attr:`length`) of the stream: one kernel
+        call, which searches only the runs' shards, so a batch costs the same whatever the shard
+        count and however many runs it crosses."""
+        return permute_windows(t, self.cum, self.shard_starts, self.run_shards, self.keys)
 
 
 class LazyShardwise(ItemOrder):
@@ -166,17 +157,21 @@ class LazyShardwise(ItemOrder):
         self.partitions = partitions = plan.shard_partitions
         window = plan.shard_window
         if partitions == 1:
-            self.streams = [_WindowStream(shards, starts, sizes, window, (plan.seed, epoch))]
+            self.stream = _WindowStream(shards, starts, sizes, window, (plan.seed, epoch))
             return
         owner = balance_shards(shards, sizes, partitions)[shards]
-        self.streams = [_WindowStream(shards[owner == p], starts, sizes, window, (plan.seed, epoch, p)) for p in range(partitions)]
+        streams = [_WindowStream(shards[owner == p], starts, sizes, window, (plan.seed, epoch, p)) for p in range(partitions)]
+        # every partition's stream in one, partition p's from stream_base[p] on
+        self.stream = streams[0].joined(streams[1:])
+        lengths = np.array([s.length for s in streams], np.int64)
+        self.stream_base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         self.batch_size = plan.batch_size
         self.k = plan.batch_size // partitions
         batch_count = int(sizes.sum()) // plan.batch_size
         self.quota = quota = batch_count * self.k
         self.used = batch_count * plan.batch_size
-        lengths = np.array([s.length for s in self.streams], np.int64)
         self.lengths = lengths
+        self.own = np.minimum(lengths, quota)
         surplus = np.maximum(lengths - quota, 0)
         deficit = np.maximum(quota - lengths, 0)
         self.pool_starts = np.concatenate(([0], np.cumsum(surplus)))
@@ -186,38 +181,20 @@ class LazyShardwise(ItemOrder):
     def at(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, np.int64)
         if self.partitions == 1:
-            return self.streams[0].at(positions)
-        out = np.empty_like(positions)
-        tail = positions >= self.used
-        if tail.any():
-            out[tail] = self._pool(positions[tail] - self.used + self.taken)
-        inside = ~tail
-        batch, column = np.divmod(positions[inside], self.batch_size)
+            return self.stream.at(positions)
+        # Where each position is read in the joined stream, with array arithmetic whatever the
+        # partitions: batch b's columns [p*k, (p+1)*k) are partition p's items [b*k, (b+1)*k)
+        # while its stream lasts (its own items), then the pool's (the other partitions' spills,
+        # past their quotas); positions past the batches are the rest of the pool.
+        batch, column = np.divmod(positions, self.batch_size)
         partition, row = np.divmod(column, self.k)
         t = batch * self.k + row
-        found = np.empty_like(t)
-        for p in np.unique(partition).tolist():
-            chosen = partition == p
-            tp = t[chosen]
-            own = tp < min(int(self.lengths[p]), self.quota)
-            items = np.empty_like(tp)
-            if own.any():
-                items[own] = self.streams[p].at(tp[own])
-            if not own.all():
-                items[~own] = self._pool(tp[~own] - self.lengths[p] + self.deficit_starts[p])
-            found[chosen] = items
-        out[inside] = found
-        return out
-
-    def _pool(self, index: np.ndarray) -> np.ndarray:
-        """Items ``index`` of the pool: the partitions' spills (what each stream has past its
-        quota), partitions 0, 1, ... in turn."""
-        source = np.searchsorted(self.pool_starts, index, side="right") - 1
-        items = np.empty_like(index)
-        for q in np.unique(source).tolist():
-            chosen = source == q
-            items[chosen] = self.streams[q].at(index[chosen] - self.pool_starts[q] + self.quota)
-        return items
+        tail = positions >= self.used
+        own = ~tail & (t < self.own[partition])
+        pool = np.where(tail, positions - self.used + self.taken, t - self.lengths[partition] + self.deficit_starts[partition])
+        source = np.maximum(np.searchsorted(self.pool_starts, pool, side="right") - 1, 0)
+        spilled = self.stream_base[source] + pool - self.pool_starts[source] + self.quota
+        return self.stream.at(np.where(own, self.stream_base[partition] + t, spilled))
 
 
 def epoch_order(plan: GroupPlan, epoch: int, training: bool = True) -> ItemOrder:

@@ -161,6 +161,18 @@ def permute_range(n: int, keys: np.ndarray, start: int, stop: int) -> np.ndarray
     return permute(n, keys, range(operator.index(start), operator.index(stop)))
 
 
+def permute_windows(positions, cum: np.ndarray, shard_starts: np.ndarray, run_shards: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The items at ``positions`` of a stream of shards whose items are permuted within runs of
+    shards, as int64: shard ``j`` of the stream holds positions ``[cum[j], cum[j + 1])`` and items
+    from ``shard_starts[j]`` on; run ``r`` is shards ``[run_shards[r], run_shards[r + 1])``, its
+    positions permuted with the round keys ``keys[r]`` (see :func:`hydrax._core.feistel_windows`).
+    Raises ValueError for a position in no run."""
+    where = np.ascontiguousarray(_as_positions(positions).reshape(-1))
+    out = np.empty(where.shape, np.int64)
+    _core.feistel_windows(where, cum, shard_starts, run_shards, keys, out)
+    return out
+
+
 class LazyPermutation:
     """A pseudo-random permutation of [0, n), selected by ``words`` (see :func:`round_keys`),
     that reads like a read-only sequence of its indices and is never stored.

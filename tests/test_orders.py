@@ -96,6 +96,21 @@ def test_lazy_shardwise_matches_its_reference(partitions, batch_size, epoch):
     assert sorted(got.tolist()) == list(range(sum(SIZES)))
 
 
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_lazy_shardwise_batches_across_many_runs_match_the_reference(partitions):
+    """Shards of 0-3 items: a batch of 64 crosses many runs in one kernel call, read in batches,
+    in tasks and one position at a time."""
+    sizes = np.random.default_rng(9).integers(0, 4, 700).tolist()
+    plan = shardwise_plan(sizes, batch_size=64, window=2, partitions=partitions)
+    want = reference_lazy_shardwise(sizes, 5, 3, 2, partitions, 64)
+    order = epoch_order(plan, 3)
+    got = np.concatenate([order.at(np.arange(a, min(a + 64, plan.size))) for a in range(0, plan.size, 64)])
+    assert got.tolist() == want.tolist()
+    assert order.local(plan, 5, 10, 50) == want[5 * 64 + 10:5 * 64 + 50].tolist()
+    single = np.random.default_rng(1).permutation(plan.size)[:300]
+    assert order.at(single).tolist() == want[single].tolist()
+
+
 def test_lazy_shardwise_reads_few_shards_at_a_time():
     sizes = [20] * 30
     plan = shardwise_plan(sizes, batch_size=10, window=2)

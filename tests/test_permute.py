@@ -313,3 +313,121 @@ def test_a_table_of_round_keys_is_round_keys_of_each():
         assert table.shape == (len(values), len(round_keys(0)))
         for row, value in zip(table, values.tolist()):
             assert row.tolist() == round_keys(*prefix, value, *suffix).tolist()
+
+
+# --- windowed shard streams (feistel_windows)
+
+
+def stream_tables(rng, shards, window=None, empty_every=5):
+    """A stream's tables: ``shards`` shards of random sizes (some empty), items of shard j from
+    ``shard_starts[j]``, runs of ``window`` shards (or of random lengths), random keys."""
+    sizes = rng.integers(0, 40, shards, dtype=np.int64)
+    sizes[::empty_every] = 0
+    cum = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    shard_starts = rng.permutation(np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64))
+    if window is None:
+        cuts = np.unique(rng.integers(1, max(shards, 1), max(shards // 3, 0)))
+        run_shards = np.concatenate(([0], cuts, [shards])).astype(np.int64) if shards else np.zeros(1, np.int64)
+    else:
+        run_shards = np.append(np.arange(0, shards, window, dtype=np.int64), shards)
+    keys = rng.integers(0, 1 << 64, (len(run_shards) - 1, ROUNDS), dtype=np.uint64, endpoint=False)
+    return cum, shard_starts, run_shards, keys
+
+
+def windows_kernel(positions, cum, shard_starts, run_shards, keys):
+    positions = np.ascontiguousarray(positions, np.int64)
+    out = np.empty_like(positions)
+    _core.feistel_windows(positions, cum, shard_starts, run_shards, keys, out)
+    return out
+
+
+def windows_written_out(cum, shard_starts, run_shards, keys):
+    """Every position's item as the kernel's docstring states it, one run at a time."""
+    items = []
+    for r in range(len(run_shards) - 1):
+        s, e = int(cum[run_shards[r]]), int(cum[run_shards[r + 1]])
+        for t in range(s, e):
+            o = s + written_out(e - s, keys[r], t - s)
+            j = max(j for j in range(run_shards[r], run_shards[r + 1]) if cum[j] <= o)
+            items.append(int(shard_starts[j]) + o - int(cum[j]))
+    return items
+
+
+@pytest.mark.parametrize("shards,window", [(1, 1), (7, 1), (12, 4), (13, 4), (40, 3), (25, None), (60, None), (9, 100)])
+def test_windows_kernel_is_the_stated_algorithm_and_a_bijection(shards, window):
+    rng = np.random.default_rng(shards)
+    cum, shard_starts, run_shards, keys = stream_tables(rng, shards, window)
+    positions = np.arange(int(cum[-1]), dtype=np.int64)
+    got = windows_kernel(positions, cum, shard_starts, run_shards, keys)
+    assert got.tolist() == windows_written_out(cum, shard_starts, run_shards, keys)
+    sizes = np.diff(cum)
+    every_item = np.concatenate([np.arange(a, a + n) for a, n in zip(shard_starts, sizes)] + [np.zeros(0, np.int64)])
+    assert sorted(got.tolist()) == sorted(every_item.tolist())
+    # each run's items come from its own shards only
+    for r in range(len(run_shards) - 1):
+        a, b = run_shards[r], run_shards[r + 1]
+        own = {int(x) for j in range(a, b) for x in range(shard_starts[j], shard_starts[j] + sizes[j])}
+        assert set(got[cum[a]:cum[b]].tolist()) == own
+
+
+def test_windows_kernel_matches_the_twin_in_any_order_of_positions():
+    rng = np.random.default_rng(11)
+    for case in range(40):
+        cum, shard_starts, run_shards, keys = stream_tables(rng, int(rng.integers(1, 300)), None if case % 2 else int(rng.integers(1, 9)))
+        if cum[-1] == 0:
+            continue
+        positions = rng.integers(0, int(cum[-1]), int(rng.integers(0, 600)), dtype=np.int64)
+        if case % 3 == 0:
+            positions.sort()
+        np.testing.assert_array_equal(windows_kernel(positions, cum, shard_starts, run_shards, keys),
+                                      _fallback.feistel_windows(positions, cum, shard_starts, run_shards, keys), err_msg=str(case))
+
+
+def test_windows_kernel_refuses_malformed_calls():
+    rng = np.random.default_rng(2)
+    cum, shard_starts, run_shards, keys = stream_tables(rng, 12, 4)
+    positions = np.arange(int(cum[-1]), dtype=np.int64)
+    out = np.empty_like(positions)
+    with pytest.raises(ValueError, match="cumulative sizes"):
+        _core.feistel_windows(positions, cum[:-1], shard_starts, run_shards, keys, out)
+    with pytest.raises(ValueError, match="rows of round keys"):
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys[:-1], out)
+    with pytest.raises(ValueError, match="rows of round keys"):
+        _core.feistel_windows(positions, cum, shard_starts, run_shards[:0], keys, out)
+    with pytest.raises(ValueError, match="at least one round key"):
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys[:, :0].copy(), out)
+    with pytest.raises(ValueError, match="room for"):
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys, out[:-1])
+    for bad in (-1, int(cum[-1]), 1 << 62):
+        with pytest.raises(ValueError, match=f"position {bad} "):
+            windows_kernel(np.array([0, bad], np.int64), cum, shard_starts, run_shards, keys)
+    # an empty stream has no position at all; no positions is always fine
+    empty = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros((0, ROUNDS), np.uint64))
+    with pytest.raises(ValueError, match="no run"):
+        windows_kernel(np.zeros(1, np.int64), *empty)
+    assert windows_kernel(np.zeros(0, np.int64), *empty).tolist() == []
+
+
+def test_windows_kernel_fuzz_never_crashes_or_hangs_on_inconsistent_tables():
+    """Tables are O(shards) and read only where a position leads, so they are checked where
+    read: garbage in any of them must give ValueError or some output, never a crash or a hang."""
+    rng = np.random.default_rng(4)
+    for case in range(600):
+        shards = int(rng.integers(0, 50))
+        span = 1 << int(rng.integers(1, 63))
+        cum = rng.integers(-span, span, shards + 1, dtype=np.int64)
+        if case % 2:
+            cum.sort()
+        shard_starts = rng.integers(-span, span, shards, dtype=np.int64)
+        runs = int(rng.integers(0, shards + 2))
+        run_shards = rng.integers(-2, shards + 3, runs + 1, dtype=np.int64)
+        if case % 3:
+            run_shards.sort()
+        keys = rng.integers(0, 1 << 64, (runs, int(rng.integers(1, 9))), dtype=np.uint64, endpoint=False)
+        positions = rng.integers(-span, span, int(rng.integers(0, 200)), dtype=np.int64)
+        if case % 4 == 0 and shards:
+            positions = rng.integers(min(cum[0], cum[-1]), max(cum[0], cum[-1]) + 1, len(positions), dtype=np.int64)
+        try:
+            windows_kernel(positions, cum, shard_starts, run_shards, keys)
+        except ValueError:
+            pass
