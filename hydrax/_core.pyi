@@ -57,5 +57,12 @@ def convert_pixels(
 ) -> None: ...
 def feistel_permute(n: int, keys: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None: ...
 def feistel_windows(
-    positions: np.ndarray, cum: np.ndarray, shard_starts: np.ndarray, run_shards: np.ndarray, keys: np.ndarray, out: np.ndarray
+    positions: np.ndarray,
+    cum: np.ndarray,
+    shard_starts: np.ndarray,
+    run_shards: np.ndarray,
+    run_starts: np.ndarray,
+    keys: np.ndarray,
+    out: np.ndarray,
 ) -> None: ...
+def shuffle_runs(data: np.ndarray, bounds: np.ndarray, key: np.ndarray) -> None: ...

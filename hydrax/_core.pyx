@@ -36,9 +36,17 @@ extension to build and ship, with each family of kernels in an include file of i
 - :func:`feistel_permute` maps positions to items through a keyed bijection of ``[0, n)`` (a
   Feistel network with cycle walking), so an epoch's order of a billion items costs nothing to
   hold and a few nanoseconds per item to compute (see :mod:`hydrax.permute`).
+- :func:`feistel_windows` does the same for a stream of shards whose items are permuted within
+  runs of a few shards: a batch of a lazy ``shardwise`` order in one call.
 
-``hydrax/_fallback.py`` has pure-Python twins of the tar and permutation kernels; the tests use
-them as the oracle.
+``_shuffle.pxi``: numpy's seeded shuffles without numpy's objects.
+
+- :func:`shuffle_runs` shuffles many runs of an array, each exactly as
+  ``Generator(PCG64([*key, run])).shuffle`` would, so a ``"numpy"`` shardwise order of 100,000
+  shards costs what one of 1,000 shards costs.
+
+``hydrax/_fallback.py`` has pure-Python twins of the tar, permutation and shuffle kernels; the
+tests use them as the oracle (and numpy itself for the shuffles).
 """
 
 # The include files share this module's namespace: a name more than one family uses is cimported
@@ -51,3 +59,4 @@ include "_arena.pxi"
 include "_tar.pxi"
 include "_pixels.pxi"
 include "_permute.pxi"
+include "_shuffle.pxi"

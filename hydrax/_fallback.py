@@ -2,7 +2,8 @@
 
 Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long as it keeps
 agreeing with its twin here. It also holds the numpy twins of the permutation kernels
-(``_permute.pxi``): :func:`feistel_permute` and :func:`feistel_windows`.
+(``_permute.pxi``), :func:`feistel_permute` and :func:`feistel_windows`, and that of the shuffle
+kernel (``_shuffle.pxi``), :func:`shuffle_runs`, made of numpy's own generators.
 """
 
 from __future__ import annotations
@@ -246,12 +247,14 @@ def feistel_permute(n: int, keys, positions) -> np.ndarray:
     return x.astype(np.int64)
 
 
-def feistel_windows(positions, cum, shard_starts, run_shards, keys) -> np.ndarray:
+def feistel_windows(positions, cum, shard_starts, run_shards, run_starts, keys) -> np.ndarray:
     """Twin of :func:`hydrax._core.feistel_windows`, returning the items instead of filling
     ``out``: each run's positions through :func:`feistel_permute`, then a search for the shard."""
     positions = np.asarray(positions, np.int64).reshape(-1)
     cum, shard_starts, run_shards = (np.asarray(a, np.int64) for a in (cum, shard_starts, run_shards))
     keys = np.asarray(keys, np.uint64).reshape(len(run_shards) - 1, -1)
+    if not np.array_equal(run_starts, cum[run_shards[:-1]]):
+        raise ValueError("run_starts must be cum[run_shards[:-1]]")
     run_starts, run_ends = cum[run_shards[:-1]], cum[run_shards[1:]]
     run = np.searchsorted(run_starts, positions, side="right") - 1
     if len(positions) and (run.min() < 0 or (positions >= run_ends[run]).any()):
@@ -264,3 +267,12 @@ def feistel_windows(positions, cum, shard_starts, run_shards, keys) -> np.ndarra
         shard = np.searchsorted(run_cum, offset, side="right") - 1
         out[chosen] = shard_starts[run_shards[r] + shard] + offset - run_cum[shard]
     return out
+
+
+def shuffle_runs(data: np.ndarray, bounds, key) -> None:
+    """Twin of :func:`hydrax._core.shuffle_runs`, with numpy's own generators (a Python object
+    per run): ``key`` here is the integers themselves, not their words."""
+    bounds = np.asarray(bounds, np.int64)
+    for run in range(len(bounds) - 1):
+        a, b = int(bounds[run]), int(bounds[run + 1])
+        data[a:b] = data[a:b][np.random.Generator(np.random.PCG64([*key, run])).permutation(b - a)]

@@ -140,18 +140,17 @@ def feistel_permute(uint64_t n, const uint64_t[::1] keys not None, const int64_t
 # The tables are O(shards) long, so nothing here walks them: every entry read is checked where it
 # is read, and a call costs O(positions * log(shards)).
 
-cdef inline Py_ssize_t _last_at_or_before(const int64_t* cum, const int64_t* index, Py_ssize_t low, Py_ssize_t high,
-                                          Py_ssize_t shards, int64_t value) noexcept nogil:
-    # The last k in [low, high) with cum[index[k]] <= value (cum[k] when index is NULL); low - 1
-    # if there is none, -2 if an index read on the way is outside [0, shards].
-    cdef Py_ssize_t middle, at
-    cdef Py_ssize_t first = low
+cdef enum:
+    _LINEAR_SHARDS = 16
+
+
+cdef inline Py_ssize_t _last_at_or_before(const int64_t* values, Py_ssize_t low, Py_ssize_t high,
+                                          int64_t value) noexcept nogil:
+    # The last k in [low, high) with values[k] <= value; low - 1 if there is none.
+    cdef Py_ssize_t middle
     while low < high:
         middle = low + (high - low) // 2
-        at = middle if index == NULL else <Py_ssize_t>index[middle]
-        if at < 0 or at > shards:
-            return -2
-        if cum[at] <= value:
+        if values[middle] <= value:
             low = middle + 1
         else:
             high = middle
@@ -160,7 +159,8 @@ cdef inline Py_ssize_t _last_at_or_before(const int64_t* cum, const int64_t* ind
 
 def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cum not None,
                     const int64_t[::1] shard_starts not None, const int64_t[::1] run_shards not None,
-                    const uint64_t[:, ::1] keys not None, int64_t[::1] out not None):
+                    const int64_t[::1] run_starts not None, const uint64_t[:, ::1] keys not None,
+                    int64_t[::1] out not None):
     """Store in ``out[i]`` the item at stream position ``positions[i]`` of a stream of shards
     whose items are permuted within runs of shards.
 
@@ -170,10 +170,11 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
     ``[s, e) = [cum[run_shards[r]], cum[run_shards[r + 1]])``. A position ``t`` of run ``r`` moves
     to ``o = s + P(t - s)``, ``P`` being :func:`feistel_permute`'s permutation of ``[0, e - s)``
     with the round keys ``keys[r]``, and its item is ``shard_starts[j] + o - cum[j]`` for the
-    shard ``j`` of the run that holds ``o``.
+    shard ``j`` of the run that holds ``o``. ``run_starts[r]`` is ``s`` (``cum[run_shards[r]]``,
+    one array to search instead of two).
 
-    Raises ValueError when the shapes disagree (``len(cum) == M + 1``, one row of keys per run, at
-    least one key per row, ``len(out) == len(positions)``), or when a position lies in no run or
+    Raises ValueError when the shapes disagree (``len(cum) == M + 1``, one row of keys and one
+    start per run, at least one key per row, ``len(out) == len(positions)``), or when a position lies in no run or
     the tables read on its way are inconsistent (then what ``out`` holds is unspecified). ``out``
     must not be ``positions``.
     """
@@ -182,8 +183,9 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
     cdef Py_ssize_t runs = run_shards.shape[0] - 1
     if cum.shape[0] != shards + 1:
         raise ValueError(f"{shards} shards need {shards + 1} cumulative sizes, got {cum.shape[0]}")
-    if runs < 0 or keys.shape[0] != runs:
-        raise ValueError(f"{max(runs, 0)} runs need as many rows of round keys, got {keys.shape[0]}")
+    if runs < 0 or keys.shape[0] != runs or run_starts.shape[0] != runs:
+        raise ValueError(f"{max(runs, 0)} runs need as many rows of round keys and starts, got {keys.shape[0]} "
+                         f"and {run_starts.shape[0]}")
     if runs and keys.shape[1] == 0:
         raise ValueError("a permutation needs at least one round key")
     if out.shape[0] != count:
@@ -192,8 +194,9 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
         return
     cdef const int64_t* c = &cum[0]
     cdef const int64_t* bounds = &run_shards[0]
+    cdef const int64_t* firsts = &run_starts[0] if runs else NULL
     cdef Py_ssize_t rounds = keys.shape[1] if runs else 0
-    cdef Py_ssize_t i = 0, first, j, run = -1, low_shard = 0, high_shard = 0, shard, bad = -1
+    cdef Py_ssize_t i = 0, first, j, k, run = -1, low_shard = 0, high_shard = 0, shard, bad = -1
     cdef int64_t t, start = 0, end = 0, offset
     cdef uint64_t n, top
     cdef unsigned int bits, half
@@ -204,7 +207,7 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
             # position leaves this one), whose local offsets go through the lanes in one pass.
             t = positions[i]
             if run < 0 or not (start <= t < end):
-                run = _last_at_or_before(c, bounds, 0, runs, shards, t)
+                run = _last_at_or_before(firsts, 0, runs, t)
                 if run < 0:
                     bad = i
                     break
@@ -213,7 +216,7 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
                     bad = i
                     break
                 start, end = c[low_shard], c[high_shard]
-                if not (start <= t < end):
+                if start != firsts[run] or not (start <= t < end):
                     bad = i
                     break
             first = i
@@ -235,7 +238,13 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
                 _feistel_stream(&out[first], &out[first], i - first, &keys[run, 0], rounds, half, mask, n)
             for j in range(first, i):
                 offset = <int64_t>(<uint64_t>out[j] + <uint64_t>start)
-                shard = _last_at_or_before(c, NULL, low_shard, high_shard, shards, offset)
+                if high_shard - low_shard <= _LINEAR_SHARDS:
+                    # a few shards (the usual window): counting beats a search's mispredictions
+                    shard = low_shard
+                    for k in range(low_shard + 1, high_shard):
+                        shard += c[k] <= offset
+                else:
+                    shard = _last_at_or_before(c, low_shard, high_shard, offset)
                 if shard < low_shard or not (c[shard] <= offset < c[shard + 1]):
                     bad = j
                     break

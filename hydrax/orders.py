@@ -121,6 +121,7 @@ class _WindowStream:
         # every run's round keys at once (64 bytes a run): one at a time they cost more than
         # permuting a batch, and a batch of small shards crosses several runs
         self.keys = round_keys_table(words, np.arange(len(self.run_shards) - 1), (LAZY_WINDOW,))
+        self.run_starts = self.cum[self.run_shards[:-1]]
         self.length = int(self.cum[-1])
 
     def joined(self, others: Sequence[_WindowStream]) -> _WindowStream:
@@ -134,6 +135,7 @@ class _WindowStream:
         joined.shard_starts = np.concatenate([s.shard_starts for s in streams])
         joined.run_shards = np.concatenate([[0]] + [s.run_shards[1:] + base for s, base in zip(streams, shard_base)]).astype(np.int64)
         joined.keys = np.concatenate([s.keys for s in streams])
+        joined.run_starts = joined.cum[joined.run_shards[:-1]]
         joined.length = int(joined.cum[-1])
         return joined
 
@@ -141,7 +143,7 @@ class _WindowStream:
         """The items at positions ``t`` (all below :attr:`length`) of the stream: one kernel
         call, which searches only the runs' shards, so a batch costs the same whatever the shard
         count and however many runs it crosses."""
-        return permute_windows(t, self.cum, self.shard_starts, self.run_shards, self.keys)
+        return permute_windows(t, self.cum, self.shard_starts, self.run_shards, self.keys, self.run_starts)
 
 
 class LazyShardwise(ItemOrder):
@@ -172,11 +174,24 @@ class LazyShardwise(ItemOrder):
         self.used = batch_count * plan.batch_size
         self.lengths = lengths
         self.own = np.minimum(lengths, quota)
+        # batches below this one hold only their partitions' own items: column c of batch b is
+        # then position column_base[c] + b * k of the joined stream
+        self.own_batches = int(self.own.min()) // self.k
+        columns = np.arange(plan.batch_size, dtype=np.int64)
+        self.column_base = self.stream_base[columns // self.k] + columns % self.k
         surplus = np.maximum(lengths - quota, 0)
         deficit = np.maximum(quota - lengths, 0)
         self.pool_starts = np.concatenate(([0], np.cumsum(surplus)))
         self.deficit_starts = np.concatenate(([0], np.cumsum(deficit)[:-1]))
         self.taken = int(deficit.sum())
+
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        if self.partitions == 1 or group_index >= self.own_batches:
+            return super().local(plan, group_index, first, end)
+        columns = share_positions(plan)[first:end]
+        if isinstance(columns, range):
+            columns = slice(columns.start, columns.stop)
+        return self.stream.at(self.column_base[columns] + group_index * self.k).tolist()
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         positions = np.asarray(positions, np.int64)

@@ -161,15 +161,19 @@ def permute_range(n: int, keys: np.ndarray, start: int, stop: int) -> np.ndarray
     return permute(n, keys, range(operator.index(start), operator.index(stop)))
 
 
-def permute_windows(positions, cum: np.ndarray, shard_starts: np.ndarray, run_shards: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def permute_windows(positions, cum: np.ndarray, shard_starts: np.ndarray, run_shards: np.ndarray, keys: np.ndarray,
+                    run_starts: np.ndarray | None = None) -> np.ndarray:
     """The items at ``positions`` of a stream of shards whose items are permuted within runs of
     shards, as int64: shard ``j`` of the stream holds positions ``[cum[j], cum[j + 1])`` and items
     from ``shard_starts[j]`` on; run ``r`` is shards ``[run_shards[r], run_shards[r + 1])``, its
     positions permuted with the round keys ``keys[r]`` (see :func:`hydrax._core.feistel_windows`).
-    Raises ValueError for a position in no run."""
+    ``run_starts`` is ``cum[run_shards[:-1]]``, made here when not given (a caller that reads the
+    same stream many times keeps it). Raises ValueError for a position in no run."""
     where = np.ascontiguousarray(_as_positions(positions).reshape(-1))
     out = np.empty(where.shape, np.int64)
-    _core.feistel_windows(where, cum, shard_starts, run_shards, keys, out)
+    if run_starts is None:
+        run_starts = np.ascontiguousarray(cum[run_shards[:-1]], np.int64)
+    _core.feistel_windows(where, cum, shard_starts, run_shards, run_starts, keys, out)
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from . import _core
 from .permute import LazyPermutation
 
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
@@ -105,19 +106,32 @@ def balance_shards(shards: np.ndarray, shard_sizes: Sequence[int], partitions: i
     return owner
 
 
+def seed_words(key: Sequence[int]) -> np.ndarray:
+    """The uint32 words numpy's ``SeedSequence`` makes of the non-negative integers ``key``: each
+    integer's 32-bit words, lowest first (one word for 0)."""
+    words = []
+    for value in key:
+        value = int(value)
+        if value < 0:
+            raise ValueError(f"a seed must be non-negative, got {value}")
+        words.append(value & 0xFFFFFFFF)
+        while value > 0xFFFFFFFF:
+            value >>= 32
+            words.append(value & 0xFFFFFFFF)
+    return np.array(words, np.uint32)
+
+
 def _window_stream(shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, key: tuple[int, ...]) -> np.ndarray:
     """The items of ``shards`` (in that order), permuted within each run of ``window`` shards; run
-    ``r`` uses ``Generator(PCG64([*key, r]))``."""
+    ``r`` is permuted as ``Generator(PCG64([*key, r])).permutation`` would (by
+    :func:`hydrax._core.shuffle_runs`, with no numpy object per run)."""
     counts = sizes[shards]
     ends = np.cumsum(counts)
     # the items of the shards, in that order, all at once: each shard's start, counted up
     items = np.repeat(starts[shards] - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
     bounds = np.concatenate(([0], ends[window - 1 :: window], ends[-1:] if len(shards) % window else ends[:0])).astype(np.int64)
-    out = np.empty_like(items)
-    for run, (a, b) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
-        rng = np.random.Generator(np.random.PCG64([*key, run]))
-        out[a:b] = items[a:b][rng.permutation(b - a)]
-    return out
+    _core.shuffle_runs(items, bounds, seed_words(key))
+    return items
 
 
 def shardwise_order(shard_sizes: tuple[int, ...], seed: int, epoch: int, window: int, partitions: int = 1,

@@ -11,7 +11,7 @@ from hydrax.orders import (ArrayOrder, EpochOrders, IdentityOrder, LazyItems, Sh
                            local_positions, order_array)
 from hydrax.permute import LazyPermutation
 from hydrax.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, batch_order, host_share,
-                             item_order, local_items, read_order, shardwise_order)
+                             item_order, local_items, read_order, share_positions, share_ranges, shardwise_order)
 
 
 def plan_of(size=1000, batch_size=16, shuffle_later="itemwise", shuffle_first=True, seed=3, **kw) -> GroupPlan:
@@ -132,6 +132,24 @@ def test_lazy_shares_put_the_global_batch_together(hosts):
                     share = host_share(plan, h, hosts)
                     parts += list(epoch_order(share, epoch).local(share, b))
                 assert parts == list(whole.local(plan, b))
+
+
+@pytest.mark.parametrize("share", [None, (1, 4), ((3, 9), (20, 30))])
+def test_lazy_shardwise_local_items_are_the_reference_order(share):
+    """local() takes a short cut for the batches that hold only their partitions' own items; every
+    batch, share and task slice must still read the reference order."""
+    plan = shardwise_plan(SIZES, batch_size=32, partitions=4)
+    if isinstance(share, tuple) and isinstance(share[0], int):
+        plan = host_share(plan, *share)
+    elif share is not None:
+        plan = share_ranges(plan, share)
+    want = reference_lazy_shardwise(SIZES, 5, 2, 3, 4, 32)
+    order = epoch_order(plan, 2)
+    assert 0 < order.own_batches < plan.batch_count  # both paths are taken
+    columns = list(share_positions(plan))
+    for b in range(plan.batch_count):
+        assert order.local(plan, b) == [int(want[b * 32 + c]) for c in columns], b
+        assert order.local(plan, b, 2, 5) == [int(want[b * 32 + c]) for c in columns[2:5]], b
 
 
 def test_local_items_agree_for_every_kind_of_order():

@@ -334,10 +334,15 @@ def stream_tables(rng, shards, window=None, empty_every=5):
     return cum, shard_starts, run_shards, keys
 
 
-def windows_kernel(positions, cum, shard_starts, run_shards, keys):
+def starts_of(cum, run_shards):
+    return np.ascontiguousarray(cum[np.clip(run_shards[:-1], 0, len(cum) - 1)], np.int64)
+
+
+def windows_kernel(positions, cum, shard_starts, run_shards, keys, run_starts=None):
     positions = np.ascontiguousarray(positions, np.int64)
     out = np.empty_like(positions)
-    _core.feistel_windows(positions, cum, shard_starts, run_shards, keys, out)
+    run_starts = starts_of(cum, run_shards) if run_starts is None else run_starts
+    _core.feistel_windows(positions, cum, shard_starts, run_shards, run_starts, keys, out)
     return out
 
 
@@ -380,7 +385,8 @@ def test_windows_kernel_matches_the_twin_in_any_order_of_positions():
         if case % 3 == 0:
             positions.sort()
         np.testing.assert_array_equal(windows_kernel(positions, cum, shard_starts, run_shards, keys),
-                                      _fallback.feistel_windows(positions, cum, shard_starts, run_shards, keys), err_msg=str(case))
+                                      _fallback.feistel_windows(positions, cum, shard_starts, run_shards, starts_of(cum, run_shards), keys),
+                                      err_msg=str(case))
 
 
 def test_windows_kernel_refuses_malformed_calls():
@@ -388,21 +394,29 @@ def test_windows_kernel_refuses_malformed_calls():
     cum, shard_starts, run_shards, keys = stream_tables(rng, 12, 4)
     positions = np.arange(int(cum[-1]), dtype=np.int64)
     out = np.empty_like(positions)
+    starts = starts_of(cum, run_shards)
     with pytest.raises(ValueError, match="cumulative sizes"):
-        _core.feistel_windows(positions, cum[:-1], shard_starts, run_shards, keys, out)
+        _core.feistel_windows(positions, cum[:-1], shard_starts, run_shards, starts, keys, out)
     with pytest.raises(ValueError, match="rows of round keys"):
-        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys[:-1], out)
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, starts, keys[:-1], out)
+    with pytest.raises(ValueError, match="rows of round keys and starts"):
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, starts[:-1], keys, out)
     with pytest.raises(ValueError, match="rows of round keys"):
-        _core.feistel_windows(positions, cum, shard_starts, run_shards[:0], keys, out)
+        _core.feistel_windows(positions, cum, shard_starts, run_shards[:0], starts, keys, out)
     with pytest.raises(ValueError, match="at least one round key"):
-        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys[:, :0].copy(), out)
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, starts, keys[:, :0].copy(), out)
     with pytest.raises(ValueError, match="room for"):
-        _core.feistel_windows(positions, cum, shard_starts, run_shards, keys, out[:-1])
+        _core.feistel_windows(positions, cum, shard_starts, run_shards, starts, keys, out[:-1])
+    wrong = starts.copy()
+    wrong[1] += 1  # a run's start that is not its first shard's
+    with pytest.raises(ValueError, match="inconsistent"):
+        windows_kernel(positions, cum, shard_starts, run_shards, keys, wrong)
     for bad in (-1, int(cum[-1]), 1 << 62):
         with pytest.raises(ValueError, match=f"position {bad} "):
             windows_kernel(np.array([0, bad], np.int64), cum, shard_starts, run_shards, keys)
     # an empty stream has no position at all; no positions is always fine
-    empty = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros((0, ROUNDS), np.uint64))
+    empty = (np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros((0, ROUNDS), np.uint64),
+             np.zeros(0, np.int64))
     with pytest.raises(ValueError, match="no run"):
         windows_kernel(np.zeros(1, np.int64), *empty)
     assert windows_kernel(np.zeros(0, np.int64), *empty).tolist() == []
@@ -427,7 +441,8 @@ def test_windows_kernel_fuzz_never_crashes_or_hangs_on_inconsistent_tables():
         positions = rng.integers(-span, span, int(rng.integers(0, 200)), dtype=np.int64)
         if case % 4 == 0 and shards:
             positions = rng.integers(min(cum[0], cum[-1]), max(cum[0], cum[-1]) + 1, len(positions), dtype=np.int64)
+        starts = rng.integers(-span, span, runs, dtype=np.int64) if case % 5 == 0 else starts_of(cum, run_shards)
         try:
-            windows_kernel(positions, cum, shard_starts, run_shards, keys)
+            windows_kernel(positions, cum, shard_starts, run_shards, keys, starts)
         except ValueError:
             pass

@@ -23,7 +23,8 @@ Every measurement runs in a fresh subprocess; per N and order kind:
   shards (a stand-in for a ShardSet: the same ``shard_sizes``, no files), with 1 or 8
   partitions: the main process's CPU time per batch over a whole epoch (from batch 50 on), which
   includes making the next epoch's order (``"numpy"``, on its background thread) or the shard
-  order (``"lazy"``) once;
+  order (``"lazy"``) once. Each case runs ``--repeats`` times, the cases in turn; the table
+  gives each run, the median and its ratio to 1,000 shards;
 * **growth over 10 epochs**: N = ``--epochs-n`` (default 10**6, batch 10,000): total PSS of the
   main process and its workers after epoch 1 and after epoch 10.
 
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 
 RESULT = "BENCH-RESULT "
@@ -133,18 +135,23 @@ def hydrax_child(spec: dict) -> dict:
                 del b
     elif what == "boundary":
         runup = int(spec["runup_batches"])
-        times = []
+        # the last few hundred batches only: a list of the whole run-up (10**5 batches at 10**9)
+        # would be the bench's own memory in the main process's peak
+        times: deque = deque(maxlen=260)
         with Dataloader(load, group, start_at=(0, bpe - runup), end_at=("batch", bpe + 5), **kwargs) as loader:
             for b in loader:
                 jax.block_until_ready(b.arrays["x"])
                 times.append((b.batch_num, time.perf_counter()))
+                if len(times) == 1:
+                    began = times[0][1]
                 del b
+        times = list(times)
         gaps = {num: t - times[i - 1][1] for i, (num, t) in enumerate(times) if i}
         before = [g for num, g in gaps.items() if num < bpe][-200:]
         out["batch_s"] = round(statistics.median(before), 5)
         out["batch_p90_s"] = round(sorted(before)[int(0.9 * (len(before) - 1))], 5)
         out["pause_s"] = round(gaps[bpe], 5)  # from the last batch of epoch 0 to the first of epoch 1
-        out["runup_s"] = round(times[-1][1] - times[0][1], 2)
+        out["runup_s"] = round(times[-1][1] - began, 2)
     elif what == "epochs":
         per_epoch = {}
         with Dataloader(load, group, end_at=("epoch", 10), **kwargs) as loader:
@@ -268,6 +275,7 @@ def main() -> None:
     parser.add_argument("--grain-python", help="an interpreter with grain installed (default: this one, if it has grain)")
     parser.add_argument("--quick", action="store_true", help="N up to 10**7, a short run-up")
     parser.add_argument("--parts", default="orders,grain,epochs,shards,shardset", help="which tables to make")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each case of the CPU-by-shard-count table, taken in turn")
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -290,8 +298,7 @@ def main() -> None:
     grain = grain_rows(sorted(set(sizes + lazy_sizes)), hosts, args.grain_python) if "grain" in parts else []
     epochs = [run_child({"kind": "hydrax", "n": int(args.epochs_n), "batch": 10_000, "what": "epochs", "permutation": p})
               for p in ("numpy", "lazy") if "epochs" in parts]
-    per_shard = [run_child({"kind": "shards", "n": 10**7, "shards": shards, "permutation": p, "partitions": c})
-                 for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000) if "shards" in parts]
+    per_shard = shard_rows(args.repeats) if "shards" in parts else []
     print("\n## hydrax: set-up, resume, boundary and memory by N (2 loaders, fork server, batch 256)\n")
     print(table(rows, [("N", "n"), ("permutation", "permutation"), ("first batch s", "first_s"),
                        *[(f"resume s (P={p})", f"resume_s_P{p}") for p in hosts],
@@ -303,7 +310,8 @@ def main() -> None:
                         ("peak RSS MB", "main_rss"), ("note", "error")]))
     print("\n## main-process CPU per batch of a shardwise group of 10**7 items, by shard count\n")
     print(table(per_shard, [("permutation", "permutation"), ("partitions", "partitions"), ("shards", "shards"),
-                            ("CPU us/batch", "cpu_us_per_batch"), ("wall us/batch", "wall_us_per_batch"), ("note", "error")]))
+                            ("CPU us/batch (median)", "cpu_us_per_batch"), ("each run", "runs"), ("vs 1,000 shards", "ratio"),
+                            ("wall us/batch", "wall_us_per_batch"), ("note", "error")]))
     print("\n## total PSS (main + workers) over 10 epochs\n")
     for e in epochs:
         print(f"- {e.get('permutation')}, N = {e.get('n')}: growth {e.get('growth_pct')}% "
@@ -332,6 +340,30 @@ def measure(n: int, permutation: str, hosts: list[int], runup_s: float) -> dict:
     for key in ("main_rss", "main_pss", "worker_rss", "worker_pss"):
         row[key] = max(row.get(key, 0), warm.get(key, 0))
     return row
+
+
+def shard_rows(repeats: int) -> list[dict]:
+    """The CPU-per-batch table: every case run ``repeats`` times, the cases in turn (so that a
+    busy spell of the machine falls on all of them), the median of each and its ratio to the
+    same case with 1,000 shards."""
+    cases = [(p, c, shards) for p in ("numpy", "lazy") for c in (1, 8) for shards in (1000, 100_000)]
+    runs: dict[tuple, list[dict]] = {case: [] for case in cases}
+    for _ in range(repeats):
+        for p, c, shards in cases:
+            runs[(p, c, shards)].append(run_child({"kind": "shards", "n": 10**7, "shards": shards, "permutation": p, "partitions": c}))
+    rows = []
+    for (_, _, shards), results in runs.items():
+        good = [r for r in results if "cpu_us_per_batch" in r]
+        if not good:
+            rows.append(results[-1])
+            continue
+        row = {**good[0], "runs": " / ".join(str(r["cpu_us_per_batch"]) for r in good),
+               "cpu_us_per_batch": round(statistics.median(r["cpu_us_per_batch"] for r in good), 1),
+               "wall_us_per_batch": round(statistics.median(r["wall_us_per_batch"] for r in good), 1)}
+        if shards != 1000 and rows and "cpu_us_per_batch" in rows[-1]:
+            row["ratio"] = round(row["cpu_us_per_batch"] / rows[-1]["cpu_us_per_batch"], 3)
+        rows.append(row)
+    return rows
 
 
 def grain_rows(sizes: list[int], hosts: list[int], python: str | None) -> list[dict]:
