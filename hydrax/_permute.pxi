@@ -174,9 +174,9 @@ def feistel_windows(const int64_t[::1] positions not None, const int64_t[::1] cu
     one array to search instead of two).
 
     Raises ValueError when the shapes disagree (``len(cum) == M + 1``, one row of keys and one
-    start per run, at least one key per row, ``len(out) == len(positions)``), or when a position lies in no run or
-    the tables read on its way are inconsistent (then what ``out`` holds is unspecified). ``out``
-    must not be ``positions``.
+    start per run, at least one key per row, ``len(out) == len(positions)``), or when a position
+    lies in no run or the tables read on its way are inconsistent (then what ``out`` holds is
+    unspecified). ``out`` must not be ``positions``.
     """
     cdef Py_ssize_t count = positions.shape[0]
     cdef Py_ssize_t shards = shard_starts.shape[0]
