@@ -9,6 +9,7 @@ words, where it had any). :func:`run_policy` turns the run's settings into a
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any, Callable
 
@@ -23,6 +24,38 @@ log = logging.getLogger("hydrax.loader")
 ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")
 #: What a timeout of 0 or less means: wait (practically) for ever.
 ONE_YEAR_S = 31_536_000
+#: Loader processes per CPU beyond which a run is refused (with at least :data:`MIN_LOADER_LIMIT`):
+#: loaders waiting on storage may well outnumber the cores, but not by more than this.
+LOADERS_PER_CPU = 8
+MIN_LOADER_LIMIT = 64
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_loader_count(loader_count: int, groups: list[DataGroup], depth: int) -> int:
+    """``loader_count``, refused past what this machine can run and cut to what the run can use.
+
+    More than :data:`LOADERS_PER_CPU` per usable CPU (at least :data:`MIN_LOADER_LIMIT`) is refused:
+    that many processes would exhaust memory or the process table long before they loaded faster.
+    More than the items a run can have in flight (``depth`` batches of the largest batch) is cut to
+    that, with a warning: the others would never be given a task.
+    """
+    limit = max(MIN_LOADER_LIMIT, LOADERS_PER_CPU * usable_cpus())
+    if loader_count > limit:
+        raise ValueError(f"loader_count is {loader_count}, more loader processes than this machine can run: at most {limit} "
+                         f"({LOADERS_PER_CPU} per usable CPU, {usable_cpus()} here); a few per CPU is usually enough")
+    in_flight = depth * max(g.batch_size for g in groups)
+    if loader_count > in_flight:
+        log.warning("[hydrax] loader_count is %d, but at most %d items are ever in flight (depth %d x batch %d): "
+                    "starting %d loaders", loader_count, in_flight, depth, in_flight // depth, in_flight)
+        return in_flight
+    return loader_count
 
 
 def check_int(name: str, value: Any, minimum: int | None = None) -> int:
@@ -120,6 +153,8 @@ def run_policy(groups: list[DataGroup], *, depth: Any, loader_count: Any, loader
         loader_count = 0
     elif loader_count < 1:
         raise ValueError("loaders are required, cannot provision none")
+    else:
+        loader_count = check_loader_count(loader_count, groups, depth)
     loader_nice = check_int("loader_nice", loader_nice)
     cacher_count = check_int("cacher_count", cacher_count)
     timeout = ONE_YEAR_S if check_int("timeout_sec", timeout_sec) <= 0 else int(timeout_sec)

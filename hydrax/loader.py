@@ -53,6 +53,17 @@ class Lifecycle(enum.Enum):
     CLOSED = "closed"
 
 
+# Why a Dataloader that is not running refuses to iterate; 0.2.2's words first, for code that
+# matches them. A second ``for`` loop over an ended run is the usual way to get here.
+_ONCE = "a Dataloader runs once: for more batches, build a new one with start_at=(epoch, batch) of the next batch"
+_NOT_RUNNING = {
+    Lifecycle.NEW: "dataloader is not running: start it with 'with Dataloader(...) as loader:' and iterate inside the block",
+    Lifecycle.ENDED: f"dataloader is not running: its run has ended (it reached end_at, or was interrupted); {_ONCE}",
+    Lifecycle.FAILED: f"dataloader is not running: its run failed with the error raised before; {_ONCE}",
+    Lifecycle.CLOSED: f"dataloader is not running: its 'with' block was left; {_ONCE}",
+}
+
+
 def _flush_logs() -> None:
     """Flush every handler of the ``hydrax`` loggers' chain (and stderr) before ``os._exit``."""
     logger: logging.Logger | None = log
@@ -94,6 +105,8 @@ class Dataloader(Generic[D]):
     :param depth: batch slots in shared memory: batches loading, waiting, and (on the CPU backend)
         held by the training loop without a copy.
     :param loader_count: worker processes. The items of one batch are spread over all of them.
+        More than ``depth`` x the batch size would idle: only that many start (with a warning).
+        More than 8 per usable CPU (at least 64) raises ValueError.
         None are started when no group has ``loader_arrays`` (every batch comes from a cache).
     :param loader_nice: ``os.nice`` increment applied in each worker.
     :param cacher_count: threads that write batch files of the groups' on-disk caches (at least 1
@@ -362,12 +375,12 @@ class Dataloader(Generic[D]):
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Dataloader[D]:
         if self._state is not Lifecycle.RUNNING:
-            raise RuntimeError("dataloader is not running")
+            raise RuntimeError(_NOT_RUNNING[self._state])
         return self
 
     def __next__(self) -> Batch[D]:
         if self._state is not Lifecycle.RUNNING:
-            raise RuntimeError("dataloader is not running")
+            raise RuntimeError(_NOT_RUNNING[self._state])
         collect_released_buffers()  # the batch the loop just dropped frees its slot now
         while True:
             item = self._take()

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from hydrax import DataGroup
-from hydrax.arguments import (ONE_YEAR_S, as_groups, check_functions, check_int, parse_end, parse_start, parse_validation,
-                              process_split, run_policy)
+from hydrax.arguments import (MIN_LOADER_LIMIT, ONE_YEAR_S, as_groups, check_functions, check_int, parse_end, parse_start,
+                              parse_validation, process_split, run_policy, usable_cpus)
 
 ARRAYS = {"x": ((1,), np.int32, jnp.int32)}
 GROUP = DataGroup(2, range(4), loader_arrays=ARRAYS)
@@ -64,3 +64,30 @@ def test_the_policy_holds_the_checked_settings(caplog):
         run_policy([GROUP], **{**SETTINGS, "loader_count": 0})
     with pytest.raises(TypeError, match="zero_copy must be None, True or False"):
         run_policy([GROUP], **{**SETTINGS, "zero_copy": "yes"})
+
+
+def test_a_runaway_loader_count_is_refused_and_an_unusable_one_cut(caplog):
+    """10**6 loaders once forked until the machine ran out of memory; loaders beyond the items in
+    flight would never get a task."""
+    with pytest.raises(ValueError, match=r"loader_count is 1000000, more loader processes than this machine can run: at most \d+"):
+        run_policy([GROUP], **{**SETTINGS, "loader_count": 10**6})
+    limit = max(MIN_LOADER_LIMIT, 8 * usable_cpus())
+    with pytest.raises(ValueError, match=f"at most {limit} "):
+        run_policy([GROUP], **{**SETTINGS, "loader_count": limit + 1})
+    big = DataGroup(1000, range(4000), loader_arrays=ARRAYS)
+    assert run_policy([big], **{**SETTINGS, "loader_count": limit}).loader_count == limit
+    with caplog.at_level("WARNING", logger="hydrax.loader"):
+        policy = run_policy([GROUP], **{**SETTINGS, "loader_count": 7, "depth": 3})  # batch 2: 6 items in flight
+    assert policy.loader_count == 6
+    assert "at most 6 items are ever in flight (depth 3 x batch 2): starting 6 loaders" in caplog.text
+
+
+def test_a_dataloader_with_a_runaway_loader_count_starts_nothing():
+    import multiprocessing
+
+    from hydrax import Dataloader
+
+    before = len(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="loader_count is 1000000"):
+        Dataloader(lambda item, arrays, seed: None, GROUP, loader_count=10**6)
+    assert len(multiprocessing.active_children()) == before

@@ -96,6 +96,22 @@ def test_bench_measures_a_loader_over_shards(tmp_path):
     assert lost.startswith("failed items ") and int(lost.split()[2].rstrip(",")) >= 1 and "dropped batches" in lost
 
 
+@pytest.mark.parametrize("args, flag", [
+    (("bench", "x.tar", "--size", "0"), "--size"),
+    (("bench", "x.tar", "--workers", "0"), "--workers"),
+    (("bench", "x.tar", "--batch-size", "-3"), "--batch-size"),
+    (("bench", "x.tar", "--seconds", "0"), "--seconds"),
+    (("serve", "x.tar", "--depth", "0"), "--depth"),
+    (("demo", "--workers", "0"), "--workers"),
+    (("shards", "build", "x", "o-%d.tar", "--workers", "0"), "--workers"),
+])
+def test_counts_and_sizes_below_one_are_usage_errors_naming_the_flag(args, flag):
+    """--size 0 was a traceback and --workers 0 a run-time failure, both exit 1."""
+    result = hydrax(*args)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: not a positive" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_python_m_hydrax_is_the_command():
     result = subprocess.run([sys.executable, "-m", "hydrax", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "shards" in result.stdout and "bench" in result.stdout

@@ -336,7 +336,7 @@ def test_a_trivial_job_runs_a_hundred_times_without_a_stall():
 
 def test_lifecycle_errors():
     dl = Dataloader(load, DataGroup(2, range(4), loader_arrays=ARRAYS), end_at=("epoch", 1))
-    with pytest.raises(RuntimeError, match="dataloader is not running"):
+    with pytest.raises(RuntimeError, match="dataloader is not running: start it with 'with Dataloader"):
         iter(dl)
     with pytest.raises(RuntimeError, match="dataloader is not running"):
         next(dl)
@@ -348,6 +348,12 @@ def test_lifecycle_errors():
         assert len(list(dl)) == 2
         with pytest.raises(RuntimeError, match="dataloader is not running"):
             next(dl)
+        # a second loop in the same block: the message says the run ended and what to do
+        with pytest.raises(RuntimeError, match=r"its run has ended .*runs once: for more batches, build a new one with start_at"):
+            for _batch in dl:
+                pass
+    with pytest.raises(RuntimeError, match="its 'with' block was left"):
+        next(dl)
     assert not dl.interrupted
     with pytest.raises(RuntimeError, match="runs only once"):
         with dl:

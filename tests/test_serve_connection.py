@@ -618,6 +618,9 @@ def _bad_messages():
         ("a header that claims 8 GiB", [bytes(huge), bytes(10)]),
         ("junk data that claims to be a buffer", [b"~TenBin~" + b"\x07" * 20]),
         ("a bad ~hx~ envelope", [b"~hx~train\0{not json", *good]),
+        ("an envelope nesting 5,000 arrays", [b'~hx~\0{"k":"data","x":' + b"[" * 5000 + b"]" * 5000 + b"}", *good]),
+        ("an envelope nesting 33 objects", [b'~hx~\0{"k":"data","x":' + b'{"a":' * 32 + b"1" + b"}" * 32 + b"}", *good]),
+        ("a data envelope with no tenbin frames", [b'~hx~\0{"k":"data"}']),
         ("frames over max_message_bytes together", [bytes(f) for f in tenbin.encode_list([big, big])]),
     ]
 

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from hydrax.errors import StoreError
 from hydrax.shards import ShardIndex, ShardSet
 from hydrax.shards.build import (BuildError, build_shards, check_key, samples_from_files, samples_from_folder,
                                  samples_from_list, samples_from_manifest, shuffled)
@@ -359,6 +360,35 @@ def test_help_explains_with_an_example():
     result = hydrax("--help")
     assert result.returncode == 0
     assert "image folder" in result.stdout and "examples:\n  hydrax shards build photos/ out/train-%06d.tar" in result.stdout
+
+
+def test_help_says_what_the_build_does_with_indexes():
+    """It used to say that the indexes of s3:// shards are not uploaded; the build uploads an
+    index object per shard and updates the folder summary."""
+    text = " ".join(hydrax("--help").stdout.split())
+    assert "not uploaded" not in text
+    assert "an index object beside the shard" in text and "the folder summary (hydrax-index.json)" in text
+
+
+@pytest.mark.parametrize("pattern", ["ftp://h/x-%04d.tar", "gs2://b/x-%04d.tar"])
+def test_an_unsupported_scheme_is_refused_and_writes_nothing(folder, tmp_path, pattern):
+    """It once wrote ./ftp:/h/x-0000.tar and exited 0."""
+    root, _ = folder
+    work = tmp_path / "work"
+    work.mkdir()
+    result = subprocess.run([sys.executable, "-m", "hydrax", "shards", "build", str(root), pattern], capture_output=True,
+                            text=True, timeout=120, cwd=work)
+    scheme = pattern.partition("://")[0]
+    assert result.returncode == 1 and f"the {scheme}:// scheme is not supported" in result.stderr
+    assert list(work.iterdir()) == []
+    with pytest.raises(StoreError, match="scheme is not supported"):
+        build_shards(samples_from_folder(root), pattern)
+
+
+def test_a_file_url_pattern_writes_local_shards(folder, tmp_path):
+    root, _ = folder
+    summary = build_shards(samples_from_folder(root), f"file://{tmp_path}/out/t-%02d.tar")
+    assert summary and sorted(p.name for p in (tmp_path / "out").iterdir() if p.suffix == ".tar")
 
 
 @pytest.mark.parametrize("workers, stop", [(1, "SIGINT"), (2, "SIGINT"), (2, "SIGTERM")])

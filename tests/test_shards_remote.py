@@ -88,6 +88,27 @@ def test_setup_reads_index_objects_not_the_data(proxied, tmp_path):
     assert [bytes(s["cls"]) for s in again] == [str(i).encode() for i in range(120)]
 
 
+def test_a_wrong_count_in_the_folder_summary_is_named_as_the_summary(proxied, tmp_path):
+    """A count from the folder summary that the shard's index contradicts: the error names the
+    summary file (it used to name "the manifest") and how to rebuild it."""
+    import json
+
+    from hydrax.errors import ShardFormatError
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=2, options=options)
+    summary = json.loads(client.get_object(Bucket="data", Key="shards/hydrax-index.json")["Body"].read())
+    summary["shardlist"][0]["nsamples"] = 21  # the index has 20
+    client.put_object(Bucket="data", Key="shards/hydrax-index.json", Body=json.dumps(summary).encode())
+    dataset = ShardSet("s3://data/shards/w-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert dataset.shard_sizes() == [21, 20]  # the summary's counts, taken at set-up
+    with pytest.raises(ShardFormatError) as raised:
+        dataset[0]["cls"]  # the shard's index loads when a sample is first read
+    assert raised.value.url == urls[0]
+    assert ("the folder summary s3://data/shards/hydrax-index.json says 21 samples, its index has 20; "
+            "rebuild it (hydrax shards index s3://data/shards/)") in str(raised.value)
+
+
 @pytest.mark.slow
 def test_without_a_folder_summary_index_objects_are_read_concurrently(proxied, tmp_path):
     options, proxy, client = proxied

@@ -186,6 +186,19 @@ def test_a_manifest_loads_indexes_lazily_and_holds_a_bounded_number(tmp_path):
         ShardSet(urls, max_indexes=0)
 
 
+def test_a_wrong_count_in_a_manifest_names_the_manifest(tmp_path):
+    from hydrax.errors import ShardFormatError
+
+    urls = write_shards(tmp_path, 2, 3)
+    manifest = str(tmp_path / "data.json")
+    write_manifest([ShardEntry(u, os.path.getsize(u), None, 4 - i) for i, u in enumerate(urls)], manifest)
+    dataset = ShardSet(manifest, cache_dir=str(tmp_path / "cache"))
+    assert dataset.shard_sizes() == [4, 3]
+    with pytest.raises(ShardFormatError, match=f"the manifest {manifest} says 4 samples, its index has 3; rewrite the manifest") as raised:
+        dataset[0]["__key__"], dataset.index(0)
+    assert raised.value.url == urls[0]
+
+
 def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):
     from hydrax.shards import setindex
 

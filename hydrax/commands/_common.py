@@ -23,6 +23,29 @@ class UsageError(CommandError):
     status = 2
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts and sizes: a whole number of at least 1 (argparse then
+    names the flag and exits 2 for anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for durations: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+    return value
+
+
 #: How many samples at the start of the shards ``bench`` and ``serve`` look at before the run: for
 #: an image field, and (serve) for labels that are class numbers, so shards without them fail at once.
 PROBE_SAMPLES = 64

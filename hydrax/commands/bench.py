@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ShardFormatError, WorkerError
-from ._common import CommandError, add_s3_options, first_samples, progress, report, shard_options
+from ._common import CommandError, add_s3_options, first_samples, positive_float, positive_int, progress, report, shard_options
 
 
 class MissingFieldError(ShardFormatError):
@@ -43,11 +43,11 @@ def register(commands) -> None:
     parser.add_argument("--decode", choices=("image", "bytes"), default="image",
                         help="decode an image field into the batch (default), or only read every field")
     parser.add_argument("--field", help="the image field, which every sample must have (default: each sample's first image field)")
-    parser.add_argument("--size", type=int, default=224, help="side of the square image slot (default 224)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2, help="loader processes (default 2)")
-    parser.add_argument("--depth", type=int, default=4, help="batch slots (default 4)")
-    parser.add_argument("--seconds", type=float, default=10.0,
+    parser.add_argument("--size", type=positive_int, default=224, help="side of the square image slot (default 224)")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--workers", type=positive_int, default=2, help="loader processes (default 2)")
+    parser.add_argument("--depth", type=positive_int, default=4, help="batch slots (default 4)")
+    parser.add_argument("--seconds", type=positive_float, default=10.0,
                         help="how long to run, from the start of the loader; the run ends then even while batches are failing (default 10)")
     parser.add_argument("--shuffle", choices=("shardwise", "itemwise", "none"), default="shardwise",
                         help="item order (default shardwise)")

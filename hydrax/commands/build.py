@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 
-from ._common import add_s3_options, progress, report, store_options
+from ._common import add_s3_options, positive_int, progress, report, store_options
 
 DESCRIPTION = """\
 Write WebDataset-style tar shards, each with its .hidx index, from
@@ -27,9 +27,11 @@ Write WebDataset-style tar shards, each with its .hidx index, from
 in sorted (folder) or given (manifest, list) order, or shuffled with --shuffle.
 The same input and options give byte-identical shards. Each shard is written
 under a temporary name and renamed (or, for s3://, uploaded) once complete; a
-failed or interrupted build removes what it wrote. Indexes of s3:// shards are
-not uploaded: ShardSet builds them and keeps them in its local cache. Details:
-the hydrax.shards.build documentation."""
+failed or interrupted build removes what it wrote. Every shard gets its index:
+a .hidx file beside a local shard; for s3://, an index object beside the shard
+and, at the end, the folder summary (hydrax-index.json) listing the new shards,
+so ShardSet sets them up without reading them. Details: the hydrax.shards.build
+documentation."""
 
 EPILOG = """\
 examples:
@@ -48,16 +50,6 @@ def _size(text: str) -> float:
     return float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
-
-
 def register(shard_commands) -> None:
     parser = shard_commands.add_parser(
         "build", help="write shards (and their indexes) from an image folder, a manifest or files",
@@ -74,12 +66,12 @@ def register(shard_commands) -> None:
                         help="a manifest column of file paths, and optionally its field (repeatable; "
                         "default: the columns whose first value is an existing file)")
     parser.add_argument("--key-column", metavar="COL", help="the manifest column of keys (default: __key__ if present)")
-    parser.add_argument("--maxcount", type=_positive, default=100_000, metavar="N", help="samples per shard at most (default 100000)")
+    parser.add_argument("--maxcount", type=positive_int, default=100_000, metavar="N", help="samples per shard at most (default 100000)")
     parser.add_argument("--maxsize", type=_size, default=3e9, metavar="BYTES",
                         help="start a new shard past this many bytes of data: 3e9, 500MB, 1GiB (default 3GB)")
     parser.add_argument("--shuffle", action="store_true", help="write the samples in a random order, fixed by --seed")
     parser.add_argument("--seed", type=int, metavar="N", help="the shuffle's seed (numpy PCG64; default 0)")
-    parser.add_argument("--workers", type=_positive, default=min(4, os.cpu_count() or 1), metavar="N",
+    parser.add_argument("--workers", type=positive_int, default=min(4, os.cpu_count() or 1), metavar="N",
                         help="processes reading and checking files ahead of the writer (default: up to 4)")
     parser.add_argument("--check-images", action=argparse.BooleanOptionalAction, default=None,
                         help="decode each image with Pillow to catch broken files (default: on for an image folder)")

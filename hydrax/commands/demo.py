@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ._common import positive_int
+
 
 def register(commands) -> None:
     parser = commands.add_parser("demo", help="train a small JAX classifier on the digits shipped with hydrax",
                                  description=__doc__, epilog="example: hydrax demo --workers 4 (hydrax demo --epochs 1: a quick check)")
     parser.add_argument("--shards", help="folder with digits-{train,val}-*.tar (default: the repository's shards/, "
                         "else those built from the digits shipped with hydrax)")
-    parser.add_argument("--epochs", type=int, default=8, help="training epochs (default 8; 1 takes a few seconds)")
-    parser.add_argument("--workers", type=int, default=2, help="loader processes (default 2)")
+    parser.add_argument("--epochs", type=positive_int, default=8, help="training epochs (default 8; 1 takes a few seconds)")
+    parser.add_argument("--workers", type=positive_int, default=2, help="loader processes (default 2)")
     parser.set_defaults(run=run)
 
 

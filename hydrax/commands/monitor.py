@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ._common import CommandError, count, report
+from ._common import CommandError, count, positive_int, report
 
 #: The URL kinds that receive.
 RECEIVING = "zpull://, zsub://, zrpull:// or zrsub://"
@@ -46,7 +46,7 @@ def register(commands) -> None:
     parser.add_argument("--report", "-r", type=count, default=10, metavar="N", help="print a line every N batches (default 10)")
     parser.add_argument("--count", "-c", type=count, default=0, metavar="N", help="stop after N batches (default 0: at the end of the stream)")
     add_stream_options(parser)
-    parser.add_argument("--shares", type=int, metavar="N",
+    parser.add_argument("--shares", type=positive_int, metavar="N",
                         help="reliable mode: receive a run served in N shares (hydrax serve --share K/N), each batch once, in order")
     parser.add_argument("--unordered", action="store_true", help="with --shares: take the batches as they come, not in the run's order")
     parser.set_defaults(run=run)
@@ -58,7 +58,7 @@ def add_stream_options(parser: argparse.ArgumentParser, group_title: str | None 
     group.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                        help="fail when nothing comes for this long (default 60; 0 waits forever)")
     group.add_argument("--topic", help="receive only this topic of a hydrax stream (default: all)")
-    group.add_argument("--producers", type=int, default=1, metavar="N",
+    group.add_argument("--producers", type=positive_int, default=1, metavar="N",
                        help="a hydrax stream ends when N producers have ended it (default 1)")
 
 

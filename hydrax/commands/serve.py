@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 from ..errors import ShardFormatError, WorkerError
-from ._common import CommandError, UsageError, add_s3_options, first_samples, report, shard_options
+from ._common import CommandError, UsageError, add_s3_options, first_samples, positive_int, report, shard_options
 from .bench import MissingFieldError, load_image
 
 #: The names the two arrays travel under (tenbin infos).
@@ -75,12 +75,12 @@ def register(commands) -> None:
                         help="shard paths, globs, brace patterns or s3:// URLs, then the ZeroMQ URL to serve on "
                              "(zpub://, zrpush://, zpush://, zrpub://; brace ranges make several endpoints)")
     parser.add_argument("--url", action="append", default=[], metavar="URL", help="the ZeroMQ URL, instead of the last argument")
-    parser.add_argument("--batch-size", "-b", type=int, default=64, metavar="N", help="images per batch (default 64)")
-    parser.add_argument("--size", type=int, default=224, metavar="PX", help="side of the square images (default 224)")
+    parser.add_argument("--batch-size", "-b", type=positive_int, default=64, metavar="N", help="images per batch (default 64)")
+    parser.add_argument("--size", type=positive_int, default=224, metavar="PX", help="side of the square images (default 224)")
     parser.add_argument("--field", help="the image field, which every sample must have (default: each sample's first image field)")
     parser.add_argument("--label-field", metavar="FIELD", help="the field holding the integer label (default: cls, else label)")
-    parser.add_argument("--workers", type=int, default=2, help="loader processes (default 2)")
-    parser.add_argument("--depth", type=int, default=4, help="batch slots (default 4)")
+    parser.add_argument("--workers", type=positive_int, default=2, help="loader processes (default 2)")
+    parser.add_argument("--depth", type=positive_int, default=4, help="batch slots (default 4)")
     parser.add_argument("--epochs", type=int, default=0, metavar="N", help="send N epochs, then end (default 0: forever)")
     parser.add_argument("--shuffle", choices=("shardwise", "itemwise", "none"), default="shardwise",
                         help="item order (default shardwise); none: the shards' order, every epoch")

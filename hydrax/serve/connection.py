@@ -605,6 +605,9 @@ class Connection:
                 return None
             if env.kind != DATA:
                 return None  # a kind from a newer hydrax: not ours to act on
+            if not frames:  # a batch of nothing is not a batch: it must not reach a training step as []
+                raise MessageError(f"message from {self._where()}: a data envelope with no tenbin frames after it",
+                                   url=self.endpoints[0].url)
         if shared is not None:
             frames = self._shared_frames(shared, frames)
         arrays, infos = self._decode(frames)

@@ -24,6 +24,8 @@ from typing import Any
 MAGIC = b"~hx~"
 #: The largest envelope frame a consumer accepts (the item indices of a batch of 100,000 items fit).
 MAX_ENVELOPE = 4 << 20
+#: How deep the containers of an envelope's JSON may nest (hydrax's own nest four deep at most).
+MAX_DEPTH = 32
 
 DATA = "data"  #: a batch; the tenbin frames follow
 EPOCH_END = "epoch_end"  #: the producer sent the last batch of an epoch (or validation run) of its topic
@@ -53,6 +55,19 @@ def is_envelope(frame: bytes | memoryview) -> bool:
     return bytes(frame[:4]) == MAGIC
 
 
+def _depth(value: Any) -> int:
+    """How deep containers nest in parsed JSON ``value`` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:  # deeper is refused anyway: no need to walk it all
+                stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def unpack(frame: bytes | memoryview) -> Envelope:
     """Decode an envelope frame; ``ValueError`` saying what is wrong with it."""
     if len(frame) > MAX_ENVELOPE:
@@ -68,8 +83,12 @@ def unpack(frame: bytes | memoryview) -> Envelope:
         topic_text = topic.decode()
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"envelope is not UTF-8 JSON: {exc}") from None
+    except RecursionError:  # a few kilobytes of brackets reach Python's recursion limit
+        raise ValueError(f"envelope JSON nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(fields, dict) or not isinstance(fields.get("k"), str):
         raise ValueError("envelope JSON is not an object with a string 'k'")
+    if _depth(fields) > MAX_DEPTH:
+        raise ValueError(f"envelope JSON nests deeper than {MAX_DEPTH} levels")
     kind = fields.pop("k")
     return Envelope(kind, topic_text, fields)
 

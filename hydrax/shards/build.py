@@ -67,9 +67,10 @@ first part like ``__name__`` (readers skip those members as metadata).
 A local ``pattern`` such as ``out/train-%06d.tar``: each shard is written under a temporary name
 in a hidden folder beside the shards, with its ``.hidx`` index, and both are renamed into place
 once complete. An ``s3://bucket/prefix/train-%06d.tar`` pattern: each shard is written to a local
-temporary folder and uploaded once complete; no index goes into the bucket
-(:class:`~hydrax.shards.ShardSet` builds the indexes of S3 shards and keeps them in its local
-cache). Either way, a build that fails or is interrupted removes what it has written, so no
+temporary folder and uploaded once complete, followed by its index object (the shard's URL
+plus ``.hidx``, tied to the version just written); when the build ends, the folder summary
+(``hydrax-index.json``) is updated with the new shards, so a :class:`~hydrax.shards.ShardSet`
+over that folder sets up with one request and reads no shard to index it. Either way, a build that fails or is interrupted removes what it has written, so no
 partial shard is ever left under a final name, and a build refuses to start when any file of the
 pattern exists, unless ``force``.
 """
@@ -617,10 +618,14 @@ class _Output:
     beside each (remote)."""
 
     def __init__(self, pattern: str, options: S3Options | StoreOptions | None) -> None:
+        if pattern[:7].lower() == "file://":
+            pattern = pattern[7:]
         self.pattern = pattern
         self.remote = is_remote(pattern)
         head, tail = _parse_pattern(pattern)
         self.options = options if isinstance(options, StoreOptions) else StoreOptions(s3=options or S3Options())
+        if not self.remote and "://" in pattern:
+            store_for(pattern, self.options)  # ftp:// and the like: StoreError, not a folder named "ftp:"
         self.matches = re.compile(re.escape(head.rpartition("/")[2]) + r"\d+" + re.escape(tail) + r"(\.hidx)?")
         self.published: list[str] = []
         self.entries: list[ShardEntry] = []  # uploaded shards, for the folder summary

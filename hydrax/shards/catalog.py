@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -73,6 +73,9 @@ class ShardEntry:
     version: str | None = None
     samples: int | None = None
     index: ShardIndex | None = None
+    #: The manifest or folder summary that gave ``samples`` (named when the shard's index disagrees);
+    #: where a count came from does not make two entries different.
+    counted_by: str | None = field(default=None, compare=False)
 
 
 class UrlList(Sequence[str]):
@@ -174,7 +177,11 @@ class ShardTable:
     :meth:`entry` makes the :class:`ShardEntry` of one shard, on demand.
     """
 
-    def __init__(self, urls: Sequence[str], sizes: Sequence[int], versions: Sequence[str], samples: Sequence[int]) -> None:
+    def __init__(self, urls: Sequence[str], sizes: Sequence[int], versions: Sequence[str], samples: Sequence[int],
+                 counted_by: str | None = None) -> None:
+        #: The manifest or folder summary whose counts these are; None: each remote shard's
+        #: folder summary (a set of remote shards whose counts came from their folders' summaries).
+        self.counted_by = counted_by
         self.urls = urls if isinstance(urls, UrlList) else UrlList(urls)
         count = len(self.urls)
         if not len(sizes) == len(versions) == len(samples) == count:
@@ -213,8 +220,10 @@ class ShardTable:
     def entry(self, shard: int) -> ShardEntry:
         """A new :class:`ShardEntry` of shard number ``shard`` (without its index)."""
         size = self._numbers.item(1, shard)
-        return ShardEntry(self.urls[shard], None if size < 0 else size, self.version(shard),
-                          self._numbers.item(0, shard + 1) - self._numbers.item(0, shard))
+        url = self.urls[shard]
+        return ShardEntry(url, None if size < 0 else size, self.version(shard),
+                          self._numbers.item(0, shard + 1) - self._numbers.item(0, shard),
+                          counted_by=self.counted_by or summary_url(url))
 
     def entries(self) -> list[ShardEntry]:
         """Every shard's :class:`ShardEntry`."""
@@ -348,7 +357,7 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
     await _list_entries(entries, listed, options)
     # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
     # lists in one request; their indexes then load when first read. The rest read index objects.
-    summaries = sorted({e.url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME for e in entries} & set(listed))
+    summaries = sorted({summary_url(e.url) for e in entries} & set(listed))
     counted: dict[str, ShardEntry] = {}
     for found in await gather_limited([lambda u=u: _read_summary(u, listed[u], options) for u in summaries], SETUP_REQUESTS):
         counted.update((e.url, e) for e in found)
@@ -518,10 +527,20 @@ async def load_index_async(entry: ShardEntry, options: StoreOptions, cache_dir: 
     return index
 
 
+def summary_url(url: str) -> str:
+    """The folder summary (:data:`SUMMARY_NAME`) of the folder that holds ``url``."""
+    return url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME
+
+
 def _check_count(entry: ShardEntry, index: ShardIndex) -> None:
-    if entry.samples is not None and len(index) != entry.samples:
-        raise ShardFormatError(f"the manifest says {entry.samples} samples, its index has {len(index)}; "
-                               "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
+    if entry.samples is None or len(index) == entry.samples:
+        return
+    source = entry.counted_by or "the manifest"
+    if source.endswith("/" + SUMMARY_NAME):
+        raise ShardFormatError(f"the folder summary {source} says {entry.samples} samples, its index has {len(index)}; "
+                               f"rebuild it (hydrax shards index {source.rsplit('/', 1)[0]}/)", url=entry.url)
+    raise ShardFormatError(f"the manifest {source} says {entry.samples} samples, its index has {len(index)}; "
+                           "rewrite the manifest (hydrax shards index --manifest)", url=entry.url)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,7 +596,7 @@ def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
         etag = raw_entry.get("etag")
         sizes.append(size if type(size) is int and 0 <= size < 1 << 62 else -1)
         etags.append(etag if isinstance(etag, str) else "")
-    return ShardTable([u for u, _ in pairs], sizes, etags, [c for _, c in pairs])
+    return ShardTable([u for u, _ in pairs], sizes, etags, [c for _, c in pairs], counted_by=url)
 
 
 def manifest_json(entries: Sequence[ShardEntry], name: str = "dataset", base: str | None = None) -> str:
