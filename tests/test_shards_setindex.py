@@ -194,9 +194,15 @@ def test_a_wrong_count_in_a_manifest_names_the_manifest(tmp_path):
     write_manifest([ShardEntry(u, os.path.getsize(u), None, 4 - i) for i, u in enumerate(urls)], manifest)
     dataset = ShardSet(manifest, cache_dir=str(tmp_path / "cache"))
     assert dataset.shard_sizes() == [4, 3]
+    sample = dataset[0]
+    # what an error handler logs: it must not load the index again (and fail inside the handler)
+    assert repr(sample) == f"<sample 0 of {urls[0]} (its shard's index is not loaded)>"
     with pytest.raises(ShardFormatError, match=f"the manifest {manifest} says 4 samples, its index has 3; rewrite the manifest") as raised:
-        dataset[0]["__key__"], dataset.index(0)
+        sample["__key__"]
     assert raised.value.url == urls[0]
+    assert repr(dataset[4]) == f"<sample 0 of {urls[1]} (its shard's index is not loaded)>"
+    dataset.index(1)
+    assert repr(dataset[4]).startswith("<sample '") and urls[1] in repr(dataset[4])
 
 
 def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):

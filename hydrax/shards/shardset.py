@@ -423,5 +423,9 @@ class SampleRef(Mapping[str, memoryview]):
         return len(self.fields)
 
     def __repr__(self) -> str:
+        # Never any I/O: a repr is what an error handler logs, and loading a shard's index there
+        # would fail again, inside the handler, for the very reason it is handling.
+        if self._set._set is None and self._set._known_index(self._shard) is None:
+            return f"<sample {self._index} of {self.url} (its shard's index is not loaded)>"
         return f"<sample {self.key!r} of {self.url}: {', '.join(self.fields)}>"
 
