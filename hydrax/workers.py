@@ -213,6 +213,14 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
     _Loop(config, memory, status, tasks.fd, completions, WorkerOrders(config.groups, book)).run()
 
 
+def safe_repr(item: Any) -> str:
+    """``repr(item)``, or what went wrong making it: an error report must not fail on its item."""
+    try:
+        return repr(item)
+    except Exception as exc:  # noqa: BLE001 - any failure of a user's __repr__
+        return f"<{type(item).__name__} whose repr failed: {type(exc).__name__}: {exc}>"
+
+
 class _Loop:
     """One worker's loop: tasks from the shared pipe, items into the slots, completions back."""
 
@@ -309,9 +317,12 @@ class _Loop:
                     result = _check_result(result)
             except BaseException as exc:
                 # 0.2.2's words, with the traceback; a program without logging set up sees them on stderr
-                log.exception("[hydrax] exception while loading data item: %r", item)
+                # the item's repr made here, once: logging would test a Mapping item (a ShardSet
+                # sample) for emptiness, i.e. load it again inside this handler
+                described = safe_repr(item)
+                log.exception("[hydrax] exception while loading data item: %s", described)
                 _clean_traceback(exc)
-                why = f"{type(exc).__name__}: {exc} (item {indices[k - first]}: {item!r})"
+                why = f"{type(exc).__name__}: {exc} (item {indices[k - first]}: {described})"
                 fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
                 if self.config.skip_failed_items and fatal is None and isinstance(exc, Exception):
                     for view in views.views[k]:

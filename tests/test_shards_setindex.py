@@ -205,6 +205,30 @@ def test_a_wrong_count_in_a_manifest_names_the_manifest(tmp_path):
     assert repr(dataset[4]).startswith("<sample '") and urls[1] in repr(dataset[4])
 
 
+def load_cls(sample, arrays, seed):
+    arrays["x"][...] = len(bytes(sample["cls"]))
+
+
+def test_a_wrong_count_in_a_worker_ends_the_run_with_the_format_error(tmp_path):
+    """In a worker, logging the failed sample used to load its index again inside the handler
+    (logging tests a Mapping for emptiness): the worker died and the run ended in a WorkerError."""
+    import jax.numpy as jnp
+
+    from hydrax import Dataloader, DataGroup
+    from hydrax.errors import ShardFormatError
+
+    urls = write_shards(tmp_path, 2, 3)
+    manifest = str(tmp_path / "data.json")
+    write_manifest([ShardEntry(u, os.path.getsize(u), None, 4 - i) for i, u in enumerate(urls)], manifest)
+    dataset = ShardSet(manifest, cache_dir=str(tmp_path / "cache"))
+    group = DataGroup(2, dataset, loader_arrays={"x": ((), np.int32, jnp.int32)})
+    with pytest.raises(ShardFormatError, match=f"the manifest {manifest} says 4 samples, its index has 3") as raised:
+        with Dataloader(load_cls, group, loader_count=2, timeout_sec=60) as loader:
+            for _batch in loader:
+                pass
+    assert raised.value.url == urls[0]
+
+
 def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):
     from hydrax.shards import setindex
 
