@@ -205,6 +205,23 @@ def test_a_wrong_count_in_a_manifest_names_the_manifest(tmp_path):
     assert repr(dataset[4]).startswith("<sample '") and urls[1] in repr(dataset[4])
 
 
+@pytest.mark.parametrize("claim", [10**8, 2**62 - 1])
+def test_a_count_the_shard_cannot_hold_is_refused_before_any_order(tmp_path, claim):
+    """10**8 samples claimed for a 3-sample shard of the right size once built a 9.6 GB order."""
+    import time
+
+    from hydrax.errors import ShardFormatError
+
+    urls = write_shards(tmp_path, 2, 3)
+    manifest = str(tmp_path / "data.json")
+    write_manifest([ShardEntry(u, os.path.getsize(u), None, claim if i else 3) for i, u in enumerate(urls)], manifest)
+    started = time.monotonic()
+    with pytest.raises(ShardFormatError, match=rf"the manifest says shard {urls[1]} holds {claim} samples, more than its "
+                                                rf"\d+ bytes can hold") as raised:
+        ShardSet(manifest, cache_dir=str(tmp_path / "cache"))
+    assert raised.value.url == manifest and time.monotonic() - started < 10
+
+
 def load_cls(sample, arrays, seed):
     arrays["x"][...] = len(bytes(sample["cls"]))
 

@@ -596,7 +596,27 @@ def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
         etag = raw_entry.get("etag")
         sizes.append(size if type(size) is int and 0 <= size < 1 << 62 else -1)
         etags.append(etag if isinstance(etag, str) else "")
-    return ShardTable([u for u, _ in pairs], sizes, etags, [c for _, c in pairs], counted_by=url)
+    counts = [c for _, c in pairs]
+    _check_claims(counts, sizes, [u for u, _ in pairs], url)
+    return ShardTable([u for u, _ in pairs], sizes, etags, counts, counted_by=url)
+
+
+#: The fewest bytes a sample takes in a tar: one member's 512-byte header (an empty payload).
+MIN_SAMPLE_BYTES = 512
+
+
+def _check_claims(counts: Sequence[int], sizes: Sequence[int], urls: Sequence[str], where: str) -> None:
+    """Refuse a listing that claims more samples for a shard than its size can hold: a forged or
+    corrupted count would otherwise size the run's orders (10**8 samples for a small shard once
+    took 9.6 GB) long before the shard's own index could contradict it."""
+    counts_array, sizes_array = np.asarray(counts, np.int64), np.asarray(sizes, np.int64)
+    impossible = np.flatnonzero((sizes_array >= 0) & (counts_array > sizes_array // MIN_SAMPLE_BYTES))
+    if len(impossible):
+        i = int(impossible[0])
+        kind = "folder summary" if where.endswith("/" + SUMMARY_NAME) else "manifest"
+        raise ShardFormatError(f"the {kind} says shard {urls[i]} holds {counts[i]} samples, more than its {sizes[i]} bytes "
+                               f"can hold (at most {sizes[i] // MIN_SAMPLE_BYTES}: every sample takes a {MIN_SAMPLE_BYTES}-byte "
+                               f"tar header); rewrite it (hydrax shards index)", url=where)
 
 
 def manifest_json(entries: Sequence[ShardEntry], name: str = "dataset", base: str | None = None) -> str:
