@@ -109,6 +109,29 @@ def test_a_wrong_count_in_the_folder_summary_is_named_as_the_summary(proxied, tm
             "rebuild it (hydrax shards index s3://data/shards/)") in str(raised.value)
 
 
+@pytest.mark.parametrize("listed, problem", [
+    ("/etc/passwd", "outside its own store s3://data/"),
+    ("s3://elsewhere/x.tar", "outside its own store s3://data/"),
+    ("ftp://x/y.tar", "of the unsupported ftp:// scheme"),
+])
+def test_a_manifest_in_a_bucket_names_only_shards_of_its_bucket(proxied, tmp_path, listed, problem):
+    import json
+
+    from hydrax.errors import ShardFormatError
+
+    options, proxy, client = proxied
+    write_shards(tmp_path, client, count=1, options=options)
+    manifest = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
+                "shardlist": [{"url": "w-000.tar", "nsamples": 20}, {"url": listed, "nsamples": 1}]}
+    client.put_object(Bucket="data", Key="shards/data.json", Body=json.dumps(manifest).encode())
+    with pytest.raises(ShardFormatError, match=f"the manifest lists shard 1, '{listed}', {problem}") as raised:
+        ShardSet("s3://data/shards/data.json", s3=options, cache_dir=str(tmp_path / "cache"))
+    assert raised.value.url == "s3://data/shards/data.json"
+    manifest["shardlist"].pop()  # its own shards, by relative key: fine
+    client.put_object(Bucket="data", Key="shards/data.json", Body=json.dumps(manifest).encode())
+    assert len(ShardSet("s3://data/shards/data.json", s3=options, cache_dir=str(tmp_path / "cache"))) == 20
+
+
 @pytest.mark.slow
 def test_without_a_folder_summary_index_objects_are_read_concurrently(proxied, tmp_path):
     options, proxy, client = proxied

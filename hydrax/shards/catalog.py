@@ -597,8 +597,33 @@ def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
         sizes.append(size if type(size) is int and 0 <= size < 1 << 62 else -1)
         etags.append(etag if isinstance(etag, str) else "")
     counts = [c for _, c in pairs]
+    _check_origins([u for u, _ in pairs], url)
     _check_claims(counts, sizes, [u for u, _ in pairs], url)
     return ShardTable([u for u, _ in pairs], sizes, etags, counts, counted_by=url)
+
+
+def _origin(url: str) -> str:
+    """``scheme://bucket`` (or host) of a remote URL."""
+    scheme, _, rest = url.partition("://")
+    return scheme.lower() + "://" + rest.split("/", 1)[0]
+
+
+def _check_origins(urls: Sequence[str], where: str) -> None:
+    """Refuse shards a listing may not name: any of an unknown scheme; and, for a listing in an
+    object store, any outside its own bucket (a local path such as /etc/passwd, another store),
+    which a listing in someone else's bucket could otherwise make this process open."""
+    remote = is_remote(where)
+    home = _origin(where) if remote else None
+    kind = "folder summary" if where.endswith("/" + SUMMARY_NAME) else "manifest"
+    for number, shard in enumerate(urls):
+        scheme = scheme_of(shard)
+        if scheme != "file" and scheme not in REMOTE_SCHEMES:
+            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r}, of the unsupported {scheme}:// scheme "
+                                   "(local paths, s3://, gs:// and http(s):// are)", url=where)
+        if remote and (scheme == "file" or _origin(shard) != home):
+            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r}, outside its own store {home}/: a {kind} "
+                                   "in an object store may name only shards of its bucket (relative keys or its own URLs)",
+                                   url=where)
 
 
 #: The fewest bytes a sample takes in a tar: one member's 512-byte header (an empty payload).
