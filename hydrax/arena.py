@@ -52,6 +52,19 @@ def _rebuild_fd(dup) -> FdHandle:
     return FdHandle(dup.detach())
 
 
+def machine_memory() -> int:
+    """Bytes of memory this machine has (RAM and swap): the most an arena could ever be given."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(("MemTotal:", "SwapTotal:")):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class ArenaSpec:
     """What a worker needs to know of the arena, besides its fd: the size and where things are."""
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
 import numpy as np
 
 from . import _core
-from .errors import CacheFileError, CacheMismatchError, CacheNotFoundError
+from .errors import CacheFileError, CacheLocationError, CacheMismatchError, CacheNotFoundError
 from .layout import ArrayLayout, ArraySpec, compute_layouts, layouts_end
 from .processes import process_alive
 
@@ -175,10 +175,15 @@ def prepare_location(location: str | os.PathLike, text: str, readonly: bool) -> 
     """
     path = os.path.join(location, DESCRIPTOR)
     if not readonly:
-        os.makedirs(os.path.abspath(location), exist_ok=True)
-        remove_stale_temporaries(location)
-        if _read_text(path) in (None, ""):
-            _publish_descriptor(path, text)
+        try:
+            os.makedirs(os.path.abspath(location), exist_ok=True)
+            remove_stale_temporaries(location)
+            if _read_text(path) in (None, ""):
+                _publish_descriptor(path, text)
+        except OSError as exc:
+            raise CacheLocationError(f"cannot write the cache at {location}: {exc.strerror or exc}; give a writable "
+                                     "cache_location, or cache_readonly=True to only read an existing cache",
+                                     path=location, errno=exc.errno) from exc
     found = _read_text(path)
     if found is None:
         raise CacheNotFoundError(

@@ -14,8 +14,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .arena import Arena, FdHandle
+from .arena import Arena, FdHandle, machine_memory
 from .cache import CacheWriter, RunCache
+from .errors import ArenaMemoryError
 from .hosts import HostAgreement, distributed_client
 from .pipeline import Pipeline
 from .processes import start_method, warm_forkserver
@@ -62,6 +63,7 @@ class Engine:
         start loading while the others are still starting."""
         policy = self._policy
         groups = list(self._groups)
+        check_arena_memory(policy.depth, groups)
         self.arena = Arena(policy.depth, max(run.layout.size for run in groups), policy.loader_count)
         config = WorkerConfig(
             self._functions.loader_func, self._functions.startup_func, policy.loader_nice,
@@ -124,3 +126,19 @@ def warm_up(functions: RunFunctions) -> None:
     the main one) in the background until the run is entered."""
     if start_method() == "forkserver":
         warm_forkserver(functions.modules())
+
+
+def check_arena_memory(depth: int, groups) -> None:
+    """Refuse a run whose batch slots (``depth`` of its largest batch) exceed the machine's memory,
+    naming the group and the array that take the most, before anything is allocated: the mapping
+    would otherwise fail with a bare ``OSError`` (or the OS kill the run once the slots fill)."""
+    largest = max(groups, key=lambda run: run.layout.size)
+    needed, available = depth * largest.layout.size, machine_memory()
+    if needed <= available:
+        return
+    name, array = max(largest.layout.arrays.items(), key=lambda item: item[1].count * item[1].dtype.itemsize)
+    raise ArenaMemoryError(
+        f"the batch slots need {needed:,} bytes ({depth} x {largest.layout.size:,}), more than this machine's {available:,} "
+        f"bytes of memory: array {name!r} of {largest} takes {array.count * array.dtype.itemsize:,} "
+        f"bytes a batch (shape {array.shape}, {array.dtype}); lower the batch size, the item shape or depth",
+        needed=needed, available=available)

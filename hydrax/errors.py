@@ -229,6 +229,45 @@ def _rebuild_cache_not_found(message, path):
     return CacheNotFoundError(message, path=path)
 
 
+class CacheLocationError(HydraxError, OSError):
+    """A writable cache's location cannot be created or written (a read-only file system, no
+    permission, a file in the way). An ``OSError`` with its ``errno``; ``path`` is the location."""
+
+    def __init__(self, message: str, *, path: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.filename = path
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self):
+        return (_rebuild_cache_location, (str(self), self.path, self.errno))
+
+
+def _rebuild_cache_location(message, path, errno):
+    return CacheLocationError(message, path=path, errno=errno)
+
+
+class ArenaMemoryError(HydraxError, MemoryError):
+    """The batch slots a run needs (``depth`` slots of its largest batch) are more than the
+    machine's memory: refused before anything is allocated. ``needed`` and ``available`` are in
+    bytes; the message names the group and array that take the most."""
+
+    def __init__(self, message: str, *, needed: int, available: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.available = available
+
+    def __reduce__(self):
+        return (_rebuild_arena_memory, (str(self), self.needed, self.available))
+
+
+def _rebuild_arena_memory(message, needed, available):
+    return ArenaMemoryError(message, needed=needed, available=available)
+
+
 class ConfigPicklingError(HydraxError, TypeError):
     """What a worker runs cannot be pickled for a worker started from the fork server.
 

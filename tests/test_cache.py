@@ -68,6 +68,21 @@ def dat_files(location):
 # -- the descriptor and the group's rules ----------------------------------------------------------
 
 
+def test_an_unwritable_cache_location_is_named(tmp_path):
+    """A location that cannot be created (here a file is in the way; a read-only file system is
+    the same) was a bare OSError from os.makedirs."""
+    from hydrax.errors import CacheLocationError
+
+    (tmp_path / "file").write_text("x")
+    location = tmp_path / "file" / "cache"
+    group = hydrax.DataGroup(3, range(10), loader_arrays={"x": ((1,), "int32", jnp.int32)}, cache_location=location)
+    with pytest.raises(CacheLocationError, match=f"cannot write the cache at {location}: .*give a writable cache_location") as raised:
+        hydrax.Dataloader(load, group)
+    assert raised.value.path == str(location) and isinstance(raised.value, OSError) and raised.value.errno is not None
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert (type(again), str(again), again.path, again.errno) == (CacheLocationError, str(raised.value), str(location), raised.value.errno)
+
+
 def test_cache_layouts_use_natural_alignment_and_the_descriptor_is_0_2_2s(tmp_path):
     group = hydrax.DataGroup(3, range(10), loader_arrays={"x": ((1,), "int32", jnp.int32), "s": ((1,), "int64", jnp.int32)},
                              cache_location=tmp_path / "c")

@@ -58,3 +58,23 @@ def test_a_writable_cache_gets_its_writers(tmp_path):
     finally:
         run.close()
     assert run.cache is None
+
+
+def test_slots_larger_than_the_machine_are_refused_naming_the_array():
+    """An item of (200000, 200000) float32 once failed in mmap with a bare OSError naming nothing."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hydrax import Dataloader, DataGroup
+    from hydrax.arena import machine_memory
+    from hydrax.errors import ArenaMemoryError
+
+    group = DataGroup(2, range(4), loader_arrays={"small": ((3,), np.int32, jnp.int32),
+                                                    "huge": ((200_000, 200_000), np.float32, jnp.float32)})
+    with pytest.raises(ArenaMemoryError, match=r"the batch slots need [\d,]+ bytes \(3 x [\d,]+\), more than this machine's "
+                                               r"[\d,]+ bytes of memory: array 'huge' of training group 0 takes "
+                                               r"320,000,000,000 bytes a batch \(shape \(2, 200000, 200000\), float32\)") as raised:
+        with Dataloader(lambda item, arrays, seed: None, group):
+            pass
+    assert raised.value.available == machine_memory() and raised.value.needed > raised.value.available
+    assert isinstance(raised.value, MemoryError)
