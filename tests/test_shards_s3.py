@@ -51,6 +51,22 @@ def test_s3_shards_read_like_local_ones(s3_shards, tmp_path):
     assert ShardSet("s3://data/shards/train-*.tar", s3=options, cache_dir=str(tmp_path / "cache")).urls == remote.urls
 
 
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_the_aws_endpoint_variables_are_honoured(s3_shards, tmp_path, monkeypatch, variable):
+    """AWS_ENDPOINT_URL (as boto3 and the AWS CLI read it, with MinIO, LocalStack, moto) once
+    failed after retries with "builder error": the http endpoint was not allowed."""
+    options, client, paths = s3_shards
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                        (variable, options.endpoint_url)):
+        monkeypatch.setenv(name, value)
+    from_env = ShardSet("s3://data/shards/train-*.tar", cache_dir=str(tmp_path / "cache"))
+    assert from_env.shard_sizes() == [9, 9, 9, 3] and bytes(from_env[29]["cls"]) == b"29"
+    # the variable, not a store made before it was set: a store is keyed by the endpoint it uses
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    with pytest.raises(StoreUnavailableError, match="cannot reach the S3 endpoint http://127.0.0.1:9"):
+        ShardSet("s3://data/shards/train-*.tar", s3=S3Options(max_attempts=1, connect_timeout=2), cache_dir=str(tmp_path / "c2"))
+
+
 def test_a_datagroup_over_s3_shards_loads_through_workers(s3_shards, tmp_path):
     options, _, _ = s3_shards
     dataset = ShardSet("s3://data/shards/train-*.tar", s3=options, cache_dir=str(tmp_path / "cache"))

@@ -22,6 +22,7 @@ backoff up to ``max_attempts`` times, then raised as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import glob as globbing
 import json
@@ -613,6 +614,22 @@ _stores: dict[tuple, Store] = {}
 _LOCAL = LocalStore()
 
 
+#: The AWS SDKs' variables for an S3 endpoint (MinIO, LocalStack, moto, other clouds), most
+#: specific first, as boto3 and the AWS CLI read them.
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def with_environment(options: StoreOptions, scheme: str) -> StoreOptions:
+    """``options`` with an S3 endpoint from :data:`ENDPOINT_VARIABLES` when none is given: the
+    store is then built with it explicitly (http allowed for an http endpoint), and keyed by it."""
+    if scheme != "s3" or options.s3.endpoint_url:
+        return options
+    endpoint = next((os.environ[v] for v in ENDPOINT_VARIABLES if os.environ.get(v)), None)
+    if endpoint is None:
+        return options
+    return dataclasses.replace(options, s3=dataclasses.replace(options.s3, endpoint_url=endpoint))
+
+
 def store_for(url: str, options: StoreOptions | None = None) -> Store:
     """The store that holds ``url`` (one per bucket or server and options, shared in the process)."""
     scheme = scheme_of(url)
@@ -621,7 +638,7 @@ def store_for(url: str, options: StoreOptions | None = None) -> Store:
     if scheme not in REMOTE_SCHEMES:
         raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
                          url=url, subject=f"shard URL {url!r}: ")
-    options = as_store_options(options)
+    options = with_environment(as_store_options(options), scheme)
     _, container, _ = _split(url, need_key=False)
     key = (scheme, container, options.for_scheme(scheme))
     store = _stores.get(key)
