@@ -209,7 +209,7 @@ def test_verify_and_stat_through_s3(server, dataset, tmp_path):
     result = hydrax("shards", "verify", "--decode", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
     assert result.returncode == 0, result.stderr
     assert "3 shards, 20 samples, 27 images decoded: 3 ok" in result.stdout
-    assert re.search(r"^s3://data/shards/train-00.tar +8 +11 +remote +ok$", result.stdout, re.MULTILINE)
+    assert re.search(r"^s3://data/shards/train-00.tar +8 +11 +none +ok$", result.stdout, re.MULTILINE)  # no index object beside it
     broken = hydrax("shards", "verify", "-q", "--endpoint-url", endpoint, "s3://data/broken/cut.tar",
                     "s3://data/shards/none.tar", env=env)
     assert broken.returncode == 1

@@ -1,6 +1,7 @@
 """Shards in S3, through a real S3-protocol server (moto's) on 127.0.0.1, started by the tests."""
 
 import os
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +66,39 @@ def test_the_aws_endpoint_variables_are_honoured(s3_shards, tmp_path, monkeypatc
     monkeypatch.setenv(variable, "http://127.0.0.1:9")
     with pytest.raises(StoreUnavailableError, match="cannot reach the S3 endpoint http://127.0.0.1:9"):
         ShardSet("s3://data/shards/train-*.tar", s3=S3Options(max_attempts=1, connect_timeout=2), cache_dir=str(tmp_path / "c2"))
+
+
+def test_verify_checks_index_objects_against_the_shard(s3_shards):
+    """A remote index with two keys swapped and a valid checksum passed verify (and delivered two
+    samples under the wrong key); the same forgery of a local .hidx was caught."""
+    from hydrax.shards import ShardIndex, group_samples, scan_members
+    from hydrax.shards.catalog import publish_indexes
+    from hydrax.shards.store import StoreOptions
+    from hydrax.shards.verify import verify_shard
+
+    options, client, paths = s3_shards
+    urls = [f"s3://data/shards/{os.path.basename(p)}" for p in paths]
+    assert verify_shard(urls[0], s3=options).index == "none"
+    publish_indexes(urls, StoreOptions(s3=options))
+    report = verify_shard(urls[0], s3=options)
+    assert report.ok and report.index == "ok"
+
+    with open(paths[1], "rb") as f:
+        samples = group_samples(scan_members(f.read(), paths[1]), paths[1])
+    samples[2].key, samples[3].key = samples[3].key, samples[2].key
+    head = client.head_object(Bucket="data", Key="shards/train-01.tar")
+    forged = ShardIndex.from_samples(samples, head["ContentLength"], 0)
+    forged.etag = head["ETag"]  # tied to the shard as it is: only the keys are wrong
+    client.put_object(Bucket="data", Key="shards/train-01.tar.hidx", Body=forged.to_bytes())
+    report = verify_shard(urls[1], s3=options)
+    assert report.index == "differs" and [p.kind for p in report.problems] == ["index"]
+    assert "sample 2 has key 'k012' in the index" in report.problems[0].detail
+
+    client.put_object(Bucket="data", Key="shards/train-02.tar", Body=Path(paths[2]).read_bytes() + bytes(1024))
+    report = verify_shard(urls[2], s3=options)
+    assert report.index == "stale" and report.problems[0].kind == "stale index" and "ETag" in report.problems[0].detail
+    client.put_object(Bucket="data", Key="shards/train-00.tar.hidx", Body=b"garbage")
+    assert verify_shard(urls[0], s3=options).index == "unreadable"
 
 
 def test_a_datagroup_over_s3_shards_loads_through_workers(s3_shards, tmp_path):

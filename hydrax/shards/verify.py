@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import LocatedError
+from .catalog import INDEX_SUFFIX
 from .indexfile import ShardIndex, index_path
 from .store import S3Options, StoreOptions, is_remote, store_for
 from .tarindex import Sample, ShardFormatError, group_samples, is_image_field, scan_members
@@ -76,7 +77,7 @@ class ShardReport:
 
     ``samples`` and ``members`` are 0 when the tar could not be scanned; ``images`` counts the
     image fields decoded; ``index`` is ``"ok"``, ``"none"`` (no index beside the shard),
-    ``"remote"`` (not checked), ``"stale"``, ``"differs"`` or ``"unreadable"``.
+    ``"stale"``, ``"differs"`` or ``"unreadable"`` (for a remote shard, of its index object).
     """
 
     url: str
@@ -164,9 +165,10 @@ def _verify_local(path: str, report: ShardReport, decode: bool) -> None:
 
 
 def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOptions) -> None:
-    report.index = "remote"
     try:
-        data = store_for(url, options).read(url)
+        store = store_for(url, options)
+        info = store.stat(url)
+        data = store.read(url, version=info.version)
     except FileNotFoundError as exc:
         report.problems.append(Problem("missing", _detail(exc)))
         return
@@ -178,8 +180,31 @@ def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOp
         report.problems.append(Problem("tar", "the shard is empty (re-upload or rewrite it)", offset=0))
         return
     samples = _check_structure(data, report)
-    if samples is not None and decode:
-        _check_images(data, samples, report)
+    if samples is not None:
+        _check_remote_index(store, url, info, samples, report)
+        if decode:
+            _check_images(data, samples, report)
+
+
+def _check_remote_index(store, url: str, info, samples: list[Sample], report: ShardReport) -> None:
+    """The index object beside a remote shard, against the shard as scanned: what loaders trust
+    there must hold as it does for a local ``.hidx``."""
+    where = url + INDEX_SUFFIX
+    try:
+        index = ShardIndex.from_bytes(store.read(where), where)
+    except FileNotFoundError:
+        report.index = "none"
+        return
+    except (OSError, ValueError) as exc:  # ShardFormatError is a ValueError
+        report.index = "unreadable"
+        report.problems.append(Problem("index", _detail(exc) + f" (index {where})"))
+        return
+    stale = None
+    if (index.shard_size, index.etag) != (info.size, info.version):
+        stale = (f"the shard changed after it was indexed (the index {where} was built for a shard of {index.shard_size} "
+                 f"bytes with ETag {index.etag}, but the shard has {info.size} bytes and ETag {info.version}; "
+                 "loaders build a new index instead: rebuild it with `hydrax shards index --force`)")
+    _compare_index(index, where, samples, stale, report)
 
 
 def _detail(exc: BaseException) -> str:
@@ -233,17 +258,23 @@ def _check_index(path: str, samples: list[Sample], size: int, mtime_ns: int, rep
         report.index = "unreadable"
         report.problems.append(Problem("index", _detail(exc) + f" (index {where})"))
         return
-    report.index = "ok"
     # A new modification time alone (a copy, a checkout) is fine: loaders check the headers
     # against the index and refresh it. Another size, or other contents, is not.
-    difference = _index_difference(index, samples)
+    stale = None
     if index.shard_size != size:
+        stale = (f"the shard changed after it was indexed (the index {where} was built for a shard of {index.shard_size} "
+                 f"bytes modified at {index.shard_mtime_ns} ns, but the shard has {size} bytes, modified at {mtime_ns} ns; "
+                 "loaders refuse it: rebuild it with `hydrax shards index --force`)")
+    _compare_index(index, where, samples, stale, report)
+
+
+def _compare_index(index: ShardIndex, where: str, samples: list[Sample], stale: str | None, report: ShardReport) -> None:
+    """Report the index at ``where`` as ok, stale (``stale`` says why) or differing from ``samples``."""
+    report.index = "ok"
+    if stale is not None:
         report.index = "stale"
-        report.problems.append(Problem(
-            "stale index",
-            f"the shard changed after it was indexed (the index {where} was built for a shard of {index.shard_size} "
-            f"bytes modified at {index.shard_mtime_ns} ns, but the shard has {size} bytes, modified at {mtime_ns} ns; "
-            "loaders refuse it: rebuild it with `hydrax shards index --force`)"))
+        report.problems.append(Problem("stale index", stale))
+    difference = _index_difference(index, samples)
     if difference is not None:
         report.index = "differs" if report.index == "ok" else report.index
         offset, key, detail = difference
