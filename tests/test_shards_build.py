@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +24,14 @@ def hydrax(*args, env=None):
                           text=True, timeout=120, env=env)
 
 
-def image_bytes(kind, seed, size=(12, 8)):
+def image_bytes(kind, seed, size=(12, 8), profile=None):
+    """An RGB image; ``profile`` names an ICC profile of tests/data/icc to embed."""
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
     out = io.BytesIO()
-    PIL.fromarray(pixels).save(out, kind, **({"quality": 90} if kind == "JPEG" else {}))
+    options = {"quality": 90} if kind == "JPEG" else {}
+    if profile is not None:
+        options["icc_profile"] = (Path(__file__).parent / "data" / "icc" / f"{profile}.icc").read_bytes()
+    PIL.fromarray(pixels).save(out, kind, **options)
     return out.getvalue()
 
 
@@ -271,6 +276,9 @@ BAD_INPUTS = {  # name: (how to spoil the input, the output pattern, what the me
     "brace pattern": (lambda root: None, "t-{000..}.tar", "must hold exactly one number field such as %06d"),
     "no number": (lambda root: None, "t.tar", "must hold exactly one number field such as %06d"),
     "compressed": (lambda root: None, "t-%d.tar.gz", "must end in .tar"),
+    # verify --decode and the loaders refuse it: a build must too
+    "grey profile on an RGB image": (lambda root: (root / "emu" / "g.jpg").write_bytes(image_bytes("JPEG", 2, profile="Gray")),
+                                     "t-%02d.tar", "{root}/emu/g.jpg: not a readable image"),
 }
 
 

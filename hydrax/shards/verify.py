@@ -301,10 +301,21 @@ def _index_difference(index: ShardIndex, samples: list[Sample]) -> tuple[int | N
     return None
 
 
+def decode_check(data: bytes, out=None) -> None:
+    """Decode the image ``data`` as ``verify --decode`` does (hydrax's decoder, its embedded
+    colour profile applied, to a small image): raises what is wrong with it. ``hydrax shards build``
+    checks images with this too, so that the two accept the same images."""
+    import numpy as np
+
+    from ..image import decode_into
+
+    decode_into(data, np.empty((_DECODE_EDGE, _DECODE_EDGE, 3), np.uint8) if out is None else out)
+
+
 def _check_images(data, samples: list[Sample], report: ShardReport) -> None:
     import numpy as np
 
-    from ..image import ImageError, decode_into
+    from ..image import ImageError
 
     out = np.empty((_DECODE_EDGE, _DECODE_EDGE, 3), np.uint8)
     for sample in samples:
@@ -313,7 +324,7 @@ def _check_images(data, samples: list[Sample], report: ShardReport) -> None:
                 continue
             try:
                 # a copy of the bytes, so no view into a mapping outlives the check
-                decode_into(bytes(data[offset : offset + size]), out)
+                decode_check(bytes(data[offset : offset + size]), out)
             except ImageError as exc:
                 # the problem names the sample and field already, not only the bytes' length
                 detail = _BUFFER_NAME.sub("", str(exc)).removeprefix(f"bytes of length {size}: ")
