@@ -167,8 +167,7 @@ def _verify_local(path: str, report: ShardReport, decode: bool) -> None:
 def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOptions) -> None:
     try:
         store = store_for(url, options)
-        info = store.stat(url)
-        data = store.read(url, version=info.version)
+        data = store.read(url)
     except FileNotFoundError as exc:
         report.problems.append(Problem("missing", _detail(exc)))
         return
@@ -181,17 +180,18 @@ def _verify_remote(url: str, report: ShardReport, decode: bool, options: StoreOp
         return
     samples = _check_structure(data, report)
     if samples is not None:
-        _check_remote_index(store, url, info, samples, report)
+        _check_remote_index(store, url, len(data), samples, report)
         if decode:
             _check_images(data, samples, report)
 
 
-def _check_remote_index(store, url: str, info, samples: list[Sample], report: ShardReport) -> None:
-    """The index object beside a remote shard, against the shard as scanned: what loaders trust
-    there must hold as it does for a local ``.hidx``."""
+def _check_remote_index(store, url: str, size: int, samples: list[Sample], report: ShardReport) -> None:
+    """The index object beside a remote shard, against the shard as scanned (``size`` bytes):
+    what loaders trust there must hold as it does for a local ``.hidx``."""
     where = url + INDEX_SUFFIX
     try:
         index = ShardIndex.from_bytes(store.read(where), where)
+        version = store.stat(url).version  # the ETag the loaders compare the index's with
     except FileNotFoundError:
         report.index = "none"
         return
@@ -200,9 +200,9 @@ def _check_remote_index(store, url: str, info, samples: list[Sample], report: Sh
         report.problems.append(Problem("index", _detail(exc) + f" (index {where})"))
         return
     stale = None
-    if (index.shard_size, index.etag) != (info.size, info.version):
+    if (index.shard_size, index.etag) != (size, version):
         stale = (f"the shard changed after it was indexed (the index {where} was built for a shard of {index.shard_size} "
-                 f"bytes with ETag {index.etag}, but the shard has {info.size} bytes and ETag {info.version}; "
+                 f"bytes with ETag {index.etag}, but the shard has {size} bytes and ETag {version}; "
                  "loaders build a new index instead: rebuild it with `hydrax shards index --force`)")
     _compare_index(index, where, samples, stale, report)
 
