@@ -532,11 +532,16 @@ def summary_url(url: str) -> str:
     return url.rsplit("/", 1)[0] + "/" + SUMMARY_NAME
 
 
+def _listing_kind(url: str) -> str:
+    """What lists shards at ``url``: ``"folder summary"`` (:data:`SUMMARY_NAME`) or ``"manifest"``."""
+    return "folder summary" if url.endswith("/" + SUMMARY_NAME) else "manifest"
+
+
 def _check_count(entry: ShardEntry, index: ShardIndex) -> None:
     if entry.samples is None or len(index) == entry.samples:
         return
     source = entry.counted_by or "the manifest"
-    if source.endswith("/" + SUMMARY_NAME):
+    if _listing_kind(source) == "folder summary":
         raise ShardFormatError(f"the folder summary {source} says {entry.samples} samples, its index has {len(index)}; "
                                f"rebuild it (hydrax shards index {source.rsplit('/', 1)[0]}/)", url=entry.url)
     raise ShardFormatError(f"the manifest {source} says {entry.samples} samples, its index has {len(index)}; "
@@ -596,10 +601,10 @@ def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
         etag = raw_entry.get("etag")
         sizes.append(size if type(size) is int and 0 <= size < 1 << 62 else -1)
         etags.append(etag if isinstance(etag, str) else "")
-    counts = [c for _, c in pairs]
-    _check_origins([u for u, _ in pairs], url)
-    _check_claims(counts, sizes, [u for u, _ in pairs], url)
-    return ShardTable([u for u, _ in pairs], sizes, etags, counts, counted_by=url)
+    urls, counts = [u for u, _ in pairs], [c for _, c in pairs]
+    _check_origins(urls, url)
+    _check_claims(counts, sizes, urls, url)
+    return ShardTable(urls, sizes, etags, counts, counted_by=url)
 
 
 def _origin(url: str) -> str:
@@ -614,7 +619,7 @@ def _check_origins(urls: Sequence[str], where: str) -> None:
     which a listing in someone else's bucket could otherwise make this process open."""
     remote = is_remote(where)
     home = _origin(where) if remote else None
-    kind = "folder summary" if where.endswith("/" + SUMMARY_NAME) else "manifest"
+    kind = _listing_kind(where)
     for number, shard in enumerate(urls):
         scheme = scheme_of(shard)
         if scheme != "file" and scheme not in REMOTE_SCHEMES:
@@ -638,8 +643,7 @@ def _check_claims(counts: Sequence[int], sizes: Sequence[int], urls: Sequence[st
     impossible = np.flatnonzero((sizes_array >= 0) & (counts_array > sizes_array // MIN_SAMPLE_BYTES))
     if len(impossible):
         i = int(impossible[0])
-        kind = "folder summary" if where.endswith("/" + SUMMARY_NAME) else "manifest"
-        raise ShardFormatError(f"the {kind} says shard {urls[i]} holds {counts[i]} samples, more than its {sizes[i]} bytes "
+        raise ShardFormatError(f"the {_listing_kind(where)} says shard {urls[i]} holds {counts[i]} samples, more than its {sizes[i]} bytes "
                                f"can hold (at most {sizes[i] // MIN_SAMPLE_BYTES}: every sample takes a {MIN_SAMPLE_BYTES}-byte "
                                f"tar header); rewrite it (hydrax shards index)", url=where)
 
