@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Iterable
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ log = logging.getLogger("hydrax.loader")
 
 #: The choices of ``on_item_error``.
 ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")
-#: What a timeout of 0 or less means: wait (practically) for ever.
+#: What ``timeout_sec=None`` (and hydrax 0.2.2's 0 or less) means: wait (practically) for ever.
 ONE_YEAR_S = 31_536_000
 #: Loader processes per CPU beyond which a run is refused (with at least :data:`MIN_LOADER_LIMIT`):
 #: loaders waiting on storage may well outnumber the cores, but not by more than this.
@@ -66,6 +67,22 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def check_timeout(value: Any) -> int:
+    """``timeout_sec`` in seconds: a positive int, or None for no limit. hydrax 0.2.2 read 0 and
+    less as "a year"; a program written for it keeps that meaning, with a warning, since in Python
+    a timeout of 0 usually means "do not wait" and a negative one is a mistake."""
+    if value is None:
+        return ONE_YEAR_S
+    seconds = check_int("timeout_sec", value)
+    if seconds <= 0:
+        # stacklevel 4: this function, run_policy, Dataloader.__init__, then the user's line
+        warnings.warn(f"timeout_sec={seconds} means no time limit (as in hydrax 0.2.2), not \"do not wait\"; pass "
+                      "timeout_sec=None to say so. Values of 0 or less will be refused in a future release.",
+                      FutureWarning, stacklevel=4)
+        return ONE_YEAR_S
+    return seconds
 
 
 def check_functions(loader_func: Any, startup_func: Any, placement_func: Any) -> None:
@@ -157,7 +174,7 @@ def run_policy(groups: list[DataGroup], *, depth: Any, loader_count: Any, loader
         loader_count = check_loader_count(loader_count, groups, depth)
     loader_nice = check_int("loader_nice", loader_nice)
     cacher_count = check_int("cacher_count", cacher_count)
-    timeout = ONE_YEAR_S if check_int("timeout_sec", timeout_sec) <= 0 else int(timeout_sec)
+    timeout = check_timeout(timeout_sec)
     if zero_copy is not None and not isinstance(zero_copy, bool):
         raise TypeError(f"zero_copy must be None, True or False, got {zero_copy!r}")
     if on_item_error not in ON_ITEM_ERROR:

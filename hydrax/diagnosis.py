@@ -5,10 +5,19 @@ page (see :mod:`hydrax.arena`). From those, :class:`WorkerDiagnosis` finds a fro
 says what each worker is loading (for :class:`~hydrax.BatchTimeoutError`), and builds the
 :class:`~hydrax.WorkerError` of a worker that died, froze or could not start, naming the
 process, the item and what to do.
+
+A stale heartbeat alone proves nothing on a busy machine: a worker that is runnable but not
+scheduled (other jobs hold the cores, a cgroup's CPU quota is spent) beats late. The heartbeat
+thread runs without the GIL, so its beat stops only when the whole process stops running; the
+kernel says which: :func:`process_activity` reads the worker's threads' states and CPU time from
+``/proc``. A worker is frozen when it is stopped (SIGSTOP, a debugger, a frozen cgroup) and its
+beat is :data:`HEARTBEAT_STALE_S` old, or, in any state but runnable, when it has used no CPU
+time while its beat aged :data:`SILENT_LIMIT_S`. A runnable worker is never frozen.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -21,8 +30,59 @@ from .inflight import InFlight
 from .messages import StartupReport
 from .workers import WorkerPool
 
-#: A worker whose heartbeat is older than this is frozen (its heartbeat thread runs without the GIL).
+#: A stopped worker whose heartbeat is older than this is frozen (its heartbeat thread runs
+#: without the GIL, every ``workers.HEARTBEAT_PERIOD_US``).
 HEARTBEAT_STALE_S = 0.75
+#: A worker that is neither stopped nor runnable is frozen once its heartbeat is this old and it
+#: used no CPU time meanwhile (a process that /proc cannot describe: once its beat is this old).
+SILENT_LIMIT_S = 30.0
+#: Thread states in /proc: running or runnable; stopped by a signal or by a tracer.
+_RUNNABLE_STATES = frozenset("R")
+_STOPPED_STATES = frozenset("Tt")
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the kernel says of a process: whether any thread is running or waiting for a CPU,
+    whether every thread is stopped, and its CPU time so far (clock ticks, all threads)."""
+
+    runnable: bool
+    stopped: bool
+    cpu_ticks: int
+
+
+def process_activity(pid: int) -> Activity | None:
+    """The :class:`Activity` of process ``pid`` from ``/proc``, or None when it cannot be read
+    (the process is gone, or this is not Linux)."""
+    try:
+        states = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                states.add(_stat_fields(f"/proc/{pid}/task/{task}/stat")[0])
+            except OSError:
+                continue  # a thread that ended meanwhile
+        fields = _stat_fields(f"/proc/{pid}/stat")
+    except (OSError, IndexError, ValueError):
+        return None
+    # fields[0] is the state (field 3 of proc(5)); utime and stime are fields 14 and 15
+    return Activity(bool(states & _RUNNABLE_STATES), bool(states) and states <= _STOPPED_STATES,
+                    int(fields[11]) + int(fields[12]))
+
+
+def _stat_fields(path: str) -> list[str]:
+    with open(path) as f:
+        # the command name (in parentheses) may hold spaces and parentheses: split after its end
+        return f.read().rsplit(")", 1)[1].split()
+
+
+class _Silence:
+    """One worker's stale heartbeat ``beat``, and its CPU time ``cpu_ticks`` as last seen to
+    change, at ``since`` (monotonic ns)."""
+
+    def __init__(self, beat: int, cpu_ticks: int | None, since: int) -> None:
+        self.beat = beat
+        self.cpu_ticks = cpu_ticks
+        self.since = since
 
 
 @dataclass
@@ -53,14 +113,39 @@ class WorkerDiagnosis:
         self._arena = arena
         self._pool = pool
         self._locate = locate
+        self._silences: dict[int, _Silence] = {}
 
-    def frozen_worker(self) -> tuple[int, float] | None:
-        """A worker whose heartbeat is stale, and for how many seconds, or None."""
+    def frozen_worker(self) -> tuple[int, float, str] | None:
+        """A frozen worker: its number, how many seconds its heartbeat is old, and why it is
+        judged frozen (words); or None. Only stale heartbeats lead to a look at /proc."""
         now = time.monotonic_ns()
         for i, process in enumerate(self._pool.processes):
             beat = self._arena.heartbeat(i)
-            if beat and now - beat > HEARTBEAT_STALE_S * 1e9 and process.is_alive():
-                return i, (now - beat) / 1e9
+            if not beat or now - beat <= HEARTBEAT_STALE_S * 1e9 or not process.is_alive():
+                self._silences.pop(i, None)
+                continue
+            why = self._judge(i, beat, (now - beat) / 1e9, process_activity(process.pid))
+            if why is not None:
+                return i, (now - beat) / 1e9, why
+        return None
+
+    def _judge(self, worker: int, beat: int, stale_s: float, activity: Activity | None) -> str | None:
+        """Why worker ``worker``, whose heartbeat ``beat`` is ``stale_s`` old, is frozen, or None
+        while it may still be alive."""
+        now = time.monotonic_ns()
+        ticks = None if activity is None else activity.cpu_ticks
+        silence = self._silences.get(worker)
+        if silence is None or silence.beat != beat or silence.cpu_ticks != ticks:
+            # a new silence, or CPU time used since the last look: it ran, so count from now
+            silence = self._silences[worker] = _Silence(beat, ticks, now)
+        if activity is not None and activity.runnable:
+            return None  # waiting for a CPU, or using one: late, not frozen
+        if activity is not None and activity.stopped:
+            return "it is stopped (by a signal or a debugger)"
+        if activity is None:
+            return "the system cannot say what it is doing" if stale_s > SILENT_LIMIT_S else None
+        if now - silence.since > SILENT_LIMIT_S * 1e9:
+            return f"it used no CPU time for {(now - silence.since) / 1e9:.1f} s"
         return None
 
     def current_item(self, worker: int) -> Loading | None:

@@ -118,8 +118,8 @@ class Dataloader(Generic[D]):
     :param interleave_groups: with several training groups, pick the least-consumed group before
         every batch; otherwise drain them in order.
     :param deterministic: deliver batches in schedule order; False delivers each as soon as it is ready.
-    :param timeout_sec: raise :class:`BatchTimeoutError` when no batch comes for this many seconds
-        (``<= 0``: a year).
+    :param timeout_sec: raise :class:`BatchTimeoutError` when no batch comes for this many seconds;
+        None: no limit. (0 or less also means no limit, as in hydrax 0.2.2, with a ``FutureWarning``.)
     :param startup_func: called once in each worker before it loads anything.
     :param placement_func: ``placement_func(arrays, layouts, additional, group)`` returning a dict of
         ``jax.Array`` with the full batch shapes; the default places on the default device.
@@ -173,7 +173,7 @@ class Dataloader(Generic[D]):
         end_at: tuple[str, int] | None = None,
         interleave_groups: bool = True,
         deterministic: bool = True,
-        timeout_sec: int = 60,
+        timeout_sec: int | None = 60,
         startup_func: Callable[[], None] | None = None,
         placement_func: Callable[..., dict] | None = None,
         zero_copy: bool | None = None,

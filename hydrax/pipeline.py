@@ -223,8 +223,8 @@ class Pipeline:
             if health.due():
                 frozen = self.diagnosis.frozen_worker()
                 if frozen is not None:
-                    worker, silent = frozen
-                    self._fail_worker(worker, f"stopped responding (no heartbeat for {silent:.2f} s)")
+                    worker, silent, why = frozen
+                    self._fail_worker(worker, f"stopped responding (no heartbeat for {silent:.2f} s; {why})")
                     return
 
     def _on_event(self, kind: str, worker: int, source) -> bool:

@@ -1,4 +1,4 @@
-"""Shared checks: every test must leave no processes and nothing in /dev/shm behind."""
+"""Shared checks: every test must leave none of its processes and nothing of its own in /dev/shm behind."""
 
 import multiprocessing as mp
 import os
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from support.proctable import live_processes
+from support.shmwatch import SHM, ShmWatch, descendants
 
 
 def _private_cache() -> None:
@@ -26,17 +26,6 @@ def _private_cache() -> None:
 _private_cache()
 
 
-def descendants(root: int | None = None) -> set[int]:
-    """Pids of every live process below ``root`` (default: this one), from /proc."""
-    root = os.getpid() if root is None else root
-    parents = {pid: int(fields[1]) for pid, fields in live_processes().items()}
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def multiprocessing_servers() -> set[int]:
     """The long-lived helpers multiprocessing keeps for the whole process (not leaks)."""
     from multiprocessing import forkserver, resource_tracker
@@ -46,47 +35,37 @@ def multiprocessing_servers() -> set[int]:
 
 
 def stray_processes() -> set[int]:
+    """This test run's processes (pytest's descendants) other than multiprocessing's servers:
+    other jobs' processes are never counted."""
     servers = multiprocessing_servers()
     return {p for p in descendants() if p not in servers}
 
 
-def held_elsewhere(names: set[str]) -> set[str]:
-    """The /dev/shm entries among ``names`` that processes outside this test run have open or mapped.
+_SHM_WATCH = ShmWatch()
 
-    Other programs on a shared machine use /dev/shm too; only entries nobody else holds can be ours.
-    """
-    ours = descendants() | {os.getpid()}
-    held = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in ours:
-            continue
-        try:
-            with open(f"/proc/{entry}/maps") as f:
-                maps = f.read()
-            fds = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-        except OSError:
-            continue
-        held |= {n for n in names if f"/dev/shm/{n}" in maps or f"/dev/shm/{n}" in fds}
-    return held
+#: How long a test's processes may take to exit after it ends (a loaded machine is slow to
+#: schedule the exits; a leak is still there after any wait).
+_EXIT_GRACE_S = 60.0
 
 
 def new_shm_entries(before: set[str]) -> set[str]:
-    new = set(os.listdir("/dev/shm")) - before
-    return new - held_elsewhere(new) if new else new
+    """Entries of /dev/shm that this test run created since ``before`` and that still exist."""
+    new = set(os.listdir(SHM)) - before
+    return _SHM_WATCH.created_by_us(new) if new else new
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
-    shm_before = set(os.listdir("/dev/shm"))
+    """Every test must leave none of its own processes running and none of its own /dev/shm
+    entries behind; what other jobs on the machine do is not counted."""
+    shm_before = set(os.listdir(SHM))
     strays_before = stray_processes()
     yield
-    deadline = time.monotonic() + 5
-    while (stray_processes() - strays_before) and time.monotonic() < deadline:
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    while (stray_processes() - strays_before or mp.active_children()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not mp.active_children(), "a test left multiprocessing children running"
     assert stray_processes() - strays_before == set(), "a test left processes running"
-    if new_shm_entries(shm_before):
-        time.sleep(1.0)  # entries other programs create and remove moments later
     assert new_shm_entries(shm_before) == set(), "a test left files in /dev/shm"
 
 

@@ -52,8 +52,23 @@ def test_the_process_split_goes_together():
         process_split(4, 4)
 
 
+def test_a_timeout_of_none_waits_for_ever_and_one_of_zero_or_less_says_what_it_means():
+    """0.2.2 read ``timeout_sec <= 0`` as a year without a word; a Python user reads 0 as "do not wait"."""
+    assert run_policy([GROUP], **{**SETTINGS, "timeout_sec": None}).timeout_s == ONE_YEAR_S
+    for value in (0, -5):
+        with pytest.warns(FutureWarning, match=rf"timeout_sec={value} means no time limit .*pass timeout_sec=None"):
+            assert run_policy([GROUP], **{**SETTINGS, "timeout_sec": value}).timeout_s == ONE_YEAR_S
+    with pytest.raises(TypeError, match="timeout_sec must be an int, got 1.5"):
+        run_policy([GROUP], **{**SETTINGS, "timeout_sec": 1.5})
+    from hydrax import Dataloader
+
+    with pytest.warns(FutureWarning) as warned:
+        Dataloader(lambda item, arrays, seed: None, GROUP, timeout_sec=0)
+    assert warned[0].filename == __file__  # the line to change is the caller's
+
+
 def test_the_policy_holds_the_checked_settings(caplog):
-    policy = run_policy([GROUP], **{**SETTINGS, "timeout_sec": 0, "process_index": 1, "process_count": 2})
+    policy = run_policy([GROUP], **{**SETTINGS, "timeout_sec": None, "process_index": 1, "process_count": 2})
     assert (policy.timeout_s, policy.process_index, policy.process_count, policy.never_drop) == (ONE_YEAR_S, 1, 2, True)
     assert not run_policy([GROUP], **SETTINGS).never_drop
     with pytest.raises(ValueError, match="on_item_error must be one of 'drop_batch', 'skip_item', 'raise'"):

@@ -1,12 +1,17 @@
 """Worker diagnosis: a worker that dies, freezes or cannot start is named with what it was doing."""
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import pytest
 from support.workbench import wait_until, workbench
 
-from hydrax.diagnosis import HEARTBEAT_STALE_S, WorkerDiagnosis, startup_failure_words
+from hydrax import diagnosis as diagnosis_module
+from hydrax.diagnosis import HEARTBEAT_STALE_S, WorkerDiagnosis, process_activity, startup_failure_words
 from hydrax.messages import StartupReport
 
 
@@ -49,7 +54,7 @@ def test_a_stopped_worker_is_found_frozen_and_an_idle_one_is_not():
         try:
             time.sleep(HEARTBEAT_STALE_S + 0.3)
             frozen = diagnosis.frozen_worker()
-            assert frozen is not None and frozen[0] == 1 and frozen[1] > HEARTBEAT_STALE_S
+            assert frozen is not None and frozen[0] == 1 and frozen[1] > HEARTBEAT_STALE_S and "stopped" in frozen[2]
             error = diagnosis.worker_error(1, "stopped responding")
             assert "stopped responding while idle" in str(error) and error.exitcode is None
         finally:
@@ -73,3 +78,79 @@ def test_start_up_words_say_what_to_do():
 
     main = startup_failure_words(StartupReport("unpickle", "SystemExit: 2", f"{MAIN_IMPORT_FAILED}\nSystemExit: 2"))
     assert 'keep the training code under `if __name__ == "__main__":`' in main
+
+
+@contextlib.contextmanager
+def python_processes(code: str, count: int = 1):
+    """``count`` Python processes running ``code``, killed on the way out."""
+    processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_the_kernel_tells_a_running_a_stopped_and_a_sleeping_process_apart():
+    with python_processes("while True: pass") as [busy], python_processes("import time; time.sleep(600)") as [idle]:
+        wait_until(lambda: process_activity(busy.pid).cpu_ticks > 0)
+        running = process_activity(busy.pid)
+        assert running.runnable and not running.stopped
+        wait_until(lambda: process_activity(busy.pid).cpu_ticks > running.cpu_ticks)
+        os.kill(busy.pid, signal.SIGSTOP)
+        wait_until(lambda: process_activity(busy.pid).stopped)
+        assert not process_activity(busy.pid).runnable
+        os.kill(busy.pid, signal.SIGCONT)
+        wait_until(lambda: process_activity(idle.pid) is not None and not process_activity(idle.pid).runnable)
+        sleeping = process_activity(idle.pid)
+        assert not sleeping.stopped
+        gone = busy.pid
+    assert process_activity(gone) is None
+
+
+def test_a_silent_process_that_uses_no_cpu_time_is_frozen_only_after_the_long_limit(monkeypatch):
+    # The heartbeat thread cannot stop in a running process, so the judgement is driven by hand
+    # with what /proc says of a real sleeping process (no CPU time) and a busy one.
+    monkeypatch.setattr(diagnosis_module, "SILENT_LIMIT_S", 0.5)
+    with python_processes("import time; time.sleep(600)") as [idle], python_processes("while True: pass") as [busy]:
+        wait_until(lambda: process_activity(idle.pid) is not None and not process_activity(idle.pid).runnable)
+        judge = WorkerDiagnosis(None, None, lambda task: None)._judge
+        assert judge(0, 1, 1.0, process_activity(idle.pid)) is None  # silent, but not for long yet
+        time.sleep(0.6)
+        assert "no CPU time" in judge(0, 1, 1.6, process_activity(idle.pid))
+        # a process that uses CPU time is judged anew from its last progress, whatever its state
+        wait_until(lambda: process_activity(busy.pid).cpu_ticks > 0)
+        os.kill(busy.pid, signal.SIGSTOP)
+        wait_until(lambda: process_activity(busy.pid).stopped)
+        assert "stopped" in judge(1, 1, 1.0, process_activity(busy.pid))
+        os.kill(busy.pid, signal.SIGCONT)
+        wait_until(lambda: process_activity(busy.pid).runnable)
+        assert judge(1, 1, 99.0, process_activity(busy.pid)) is None  # runnable: never frozen, however late
+        assert judge(2, 1, 99.0, None) == "the system cannot say what it is doing"
+
+
+def lowest_priority(pid: int) -> None:
+    """Run ``pid``'s threads only when nothing else wants a CPU (SCHED_IDLE): starved by any hog."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setscheduler(int(task), os.SCHED_IDLE, os.sched_param(0))
+
+
+@pytest.mark.slow
+def test_a_starved_worker_beats_late_but_is_never_judged_frozen(monkeypatch):
+    monkeypatch.setattr(diagnosis_module, "HEARTBEAT_STALE_S", 0.05)
+    with workbench(load_stuck_on_3, workers=2) as bench:
+        diagnosis = diagnose(bench, {})
+        wait_until(lambda: all(bench.arena.heartbeat(i) for i in range(2)))
+        for process in bench.pool.processes:
+            lowest_priority(process.pid)
+        late = 0
+        with python_processes("while True: pass", count=2 * (os.cpu_count() or 1)):
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                now = time.monotonic_ns()
+                late += any(now - bench.arena.heartbeat(i) > 0.05e9 for i in range(2))
+                assert diagnosis.frozen_worker() is None
+                time.sleep(0.02)
+    # the hogs did hold the workers off their CPUs, or the test proved nothing
+    assert late > 0
