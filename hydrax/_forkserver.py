@@ -8,8 +8,12 @@ a download).
 
 What the server does instead:
 
+- it starts with the parent's ``sys.path`` as its ``PYTHONPATH`` and without the working
+  directory on its path, so that hydrax itself, imported before any of this runs, is the
+  parent's copy and not a folder named ``hydrax`` in the working directory;
 - it takes the parent's ``sys.argv``, working directory and ``sys.path``, as multiprocessing's
-  spawn preparation gives a child, so that whatever it imports sees what the parent saw;
+  spawn preparation gives a child, so that whatever it imports sees what the parent saw, and
+  puts back the parent's ``PYTHONPATH`` and ``PYTHONSAFEPATH`` in its environment;
 - it imports hydrax's worker code, cloudpickle, the modules the parent's main module had
   imported (JAX, numpy, the project's own modules) and the modules of the loader functions, so
   that workers forked from it start in milliseconds;
@@ -104,6 +108,13 @@ def _preload() -> None:
             except OSError:
                 pass
     config = json.loads(raw)
+    # The parent set these only to start this server with its module path (see
+    # hydrax.processes.warm_forkserver): workers and what they run see its own values.
+    for name, value in config.get("environ", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # The parent's view of the world, as spawn's preparation gives a child.
     sys.argv[:] = config["argv"]
     sys.path[:] = config["path"]

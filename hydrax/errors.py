@@ -175,6 +175,17 @@ class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, after the configured retries."""
 
 
+class StoreConfigError(StoreError, ValueError):
+    """The store is set up wrongly, so no request to it can succeed: an endpoint URL that is not
+    one, an ``http://`` endpoint obstore was not allowed to use, no credentials to be found, an
+    option obstore rejects, a bucket or key that makes no valid request URL.
+
+    It is raised at the first attempt, never retried. The message names the setting to fix and
+    where it came from (``endpoint_url=`` / ``--endpoint-url``, ``AWS_ENDPOINT_URL_S3``,
+    ``AWS_ENDPOINT_URL``, ...); ``url`` is the object or listing that was being reached.
+    """
+
+
 class CacheFileError(LocatedError, ValueError):
     """A batch file of the on-disk cache (``e{epoch}-b{index}.dat``) that cannot be used: shorter
     than the cache layouts need, or extras that are not what hydrax writes there.
@@ -283,6 +294,16 @@ class MainImportError(HydraxError, ImportError):
 
     A process started from hydrax's fork server that looks up a name in the main module imports
     it then, as multiprocessing's spawn would; this is what it raises when that import fails.
+    """
+
+
+class ForkServerImportError(HydraxError, ImportError):
+    """The loader fork server would import another copy of hydrax than the main process did.
+
+    A folder named ``hydrax`` in the working directory (a clone, a stale copy) can come first on
+    a new process's module path where the environment cannot keep it out (Python 3.10, or
+    ``python -E``), or ``sys.path`` changed after hydrax was imported; the message names both
+    copies and what to do. Raised when the fork server would start, before any worker runs.
     """
 
 

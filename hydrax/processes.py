@@ -6,7 +6,9 @@
   child. Other threads that a fork would not carry over (obstore's) are *fork hazards*.
 - **Fork server warm-up.** The server is started the moment JAX initialises a backend, with
   hydrax, the main module's imports and the loader's module preloaded, so that its workers start
-  in milliseconds.
+  in milliseconds. It starts with this process's module path, not with the working directory
+  first, so that it and its workers import the hydrax this process imported, whatever folders
+  the working directory holds.
 - **Parent death.** A worker dies with its parent (``PR_SET_PDEATHSIG``); a fork server's worker
   lets go of the server's "alive" pipe, so the server exits with the main process and takes its
   workers with it.
@@ -126,14 +128,26 @@ def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
     Workers forked from it then start in milliseconds instead of importing JAX and the rest
     each. Modules named after the server has started are imported by each worker instead, as
     it unpickles what it runs. Cheap to call again: the server is started once per process.
+
+    The server imports hydrax from where this process did (see :func:`_server_environment`);
+    where it cannot (Python 3.10, or ``python -E``, with a stale copy of hydrax in the working
+    directory), this raises :class:`~hydrax.errors.ForkServerImportError` naming both copies rather than
+    let workers run the other one.
     """
     from multiprocessing import forkserver
 
     from ._forkserver import CONFIG_ENV
 
     mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
+    server = forkserver._forkserver
+    running = getattr(server, "_forkserver_pid", None)
+    path = _child_sys_path()
+    environment = _server_environment(path)
+    if running is None or not process_alive(running):
+        _check_server_finds_this_hydrax(environment["PYTHONPATH"].split(os.pathsep))
     preload = [m for m in dict.fromkeys([*_main_imports(), *modules]) if m and m not in ("__main__", "__mp_main__")]
-    text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": _child_sys_path(), "modules": preload})
+    text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": path, "modules": preload,
+                       "environ": {name: os.environ.get(name) for name in environment}})
     spill = None
     if len(text) > _CONFIG_ENV_LIMIT:
         # A long command line (thousands of file names) would not fit in one environment
@@ -142,15 +156,82 @@ def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         text = "@" + spill
-    server = forkserver._forkserver
-    running = getattr(server, "_forkserver_pid", None)
-    os.environ[CONFIG_ENV] = text
-    try:
-        server.ensure_running()
-    finally:
-        os.environ.pop(CONFIG_ENV, None)
-        if spill is not None and getattr(server, "_forkserver_pid", None) == running:
-            os.unlink(spill)  # no server was started to read it
+    environment[CONFIG_ENV] = text
+    # The environment is the whole process's: two threads starting the server at once would
+    # hand one of them the other's settings, or none.
+    with _server_start_lock:
+        saved = {name: os.environ.get(name) for name in environment}
+        os.environ.update(environment)
+        try:
+            server.ensure_running()
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if spill is not None and getattr(server, "_forkserver_pid", None) == running:
+                os.unlink(spill)  # no server was started to read it
+
+
+_server_start_lock = threading.Lock()
+
+#: The folder of the ``hydrax`` package this process imported.
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _server_environment(path: list[str]) -> dict[str, str]:
+    """``PYTHONPATH`` and ``PYTHONSAFEPATH`` for a new fork server (the server puts this
+    process's values back as it starts, so its workers see the environment unchanged).
+
+    multiprocessing starts the server with ``python -c``, which puts the working directory
+    first on its module path, and it imports ``hydrax._forkserver`` before anything of ours
+    can set the path: a folder named ``hydrax`` there (a clone, a stale copy, even an empty
+    folder, which hides an editable install's hydrax as a namespace package) would be the
+    hydrax of the server and of every worker. ``PYTHONSAFEPATH`` (Python 3.11+) leaves the
+    working directory out, and ``PYTHONPATH`` gives the server this process's path, in this
+    process's order, before its own defaults. The folder of this process's hydrax comes last:
+    a hydrax that an import hook found (``pip install -e``) is then also a plain entry, which a
+    namespace package in the working directory cannot hide on Python 3.10 either.
+    """
+    entries = [p for p in path if os.pathsep not in p]  # such an entry cannot be written in PYTHONPATH
+    home = os.path.dirname(_PACKAGE)
+    if home not in entries:
+        entries.append(home)
+    joined = os.pathsep.join(entries)
+    if len(joined) > _CONFIG_ENV_LIMIT:
+        joined = home  # the server sets the whole path itself once hydrax is imported
+    return {"PYTHONPATH": joined, "PYTHONSAFEPATH": "1"}
+
+
+def _check_server_finds_this_hydrax(entries: list[str]) -> None:
+    """Raise :class:`~hydrax.errors.ForkServerImportError` when a new fork server, searching ``entries``
+    (the ``PYTHONPATH`` it gets), would import another hydrax than this process's.
+
+    Import hooks (an editable install's) come after the path entries, so only a path entry can
+    hold another copy: the one that comes first wins, a regular package before a namespace one.
+    """
+    from importlib.machinery import PathFinder
+
+    from .errors import ForkServerImportError
+
+    honoured = not sys.flags.ignore_environment
+    safe = getattr(sys.flags, "safe_path", False) or (honoured and sys.version_info >= (3, 11))
+    search = ([] if safe else [os.getcwd()]) + (entries if honoured else _child_sys_path())
+    spec = PathFinder.find_spec("hydrax", search)
+    if spec is None:
+        return  # only an import hook finds hydrax: the same one as here
+    ours = os.path.realpath(_PACKAGE)
+    if spec.origin is not None and os.path.realpath(os.path.dirname(spec.origin)) == ours:
+        return
+    other = os.path.dirname(spec.origin) if spec.origin else ", ".join(spec.submodule_search_locations or ())
+    if safe:
+        cause = "that folder comes first on this process's sys.path, which changed after hydrax was imported"
+    else:
+        cause = ("the server starts with the working directory first on its module path (Python 3.10, or python -E): "
+                 "run the script from another directory, or rename that folder")
+    raise ForkServerImportError(f"hydrax's loader fork server would import hydrax from {other}, not from {ours} where this "
+                      f"process imported it, and its workers would run that copy: {cause}")
 
 
 #: The longest settings passed to the fork server in its environment (Linux allows 128 KiB per variable).

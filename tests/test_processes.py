@@ -1,10 +1,14 @@
-"""How workers start and stay tied to the main process: start method, fork hazards, liveness."""
+"""How workers start and stay tied to the main process: start method, fork hazards, liveness,
+and which hydrax the fork server and its workers import."""
 
+import json
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +19,8 @@ def child_is_worker(queue):
     queue.put(is_worker())
 
 
-def run_python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+def run_python(code: str, cwd=None) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={k: v for k, v in os.environ.items() if k != "HYDRAX_START_METHOD"})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -66,3 +70,116 @@ def test_a_dead_process_is_not_alive_and_a_live_one_is():
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     assert process_alive(os.getpid()) and process_alive(1)  # pid 1: another user's counts as alive
     assert not process_alive(int(done.stdout))
+
+
+# -- issue 20: a folder named hydrax in the working directory ------------------------------------
+SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "hydrax"
+
+#: hydrax found by an import hook, as ``pip install -e`` installs it, not by an entry of
+#: sys.path: a namespace package of that name on sys.path then hides it from the path search.
+EDITABLE_INSTALL = f"""
+import importlib.util
+import sys
+
+
+class EditableHydrax:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "hydrax":
+            return None
+        return importlib.util.spec_from_file_location(name, {str(PACKAGE / "__init__.py")!r}, submodule_search_locations=[{str(PACKAGE)!r}])
+
+
+sys.meta_path.append(EditableHydrax)
+"""
+
+#: What a folder named hydrax in the working directory may hold.
+FOLDERS = {
+    "empty": {},  # an empty folder: a namespace package on sys.path
+    "stale": {"__init__.py": "__version__ = '0.1.0'\n"},  # a clone of an old hydrax, without today's modules
+    "raising": {"__init__.py": "raise RuntimeError('a broken clone of hydrax')\n"},
+}
+
+
+def folder_with_hydrax(root: Path, kind: str) -> Path:
+    work = root / "work"
+    (work / "hydrax").mkdir(parents=True)
+    for name, text in FOLDERS[kind].items():
+        (work / "hydrax" / name).write_text(text)
+    return work
+
+
+def run_training_script(script: Path, cwd: Path, pythonpath: Path, *flags: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRAX_START_METHOD", "PYTHONPATH", "PYTHONSAFEPATH")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(pythonpath))
+    return subprocess.run([sys.executable, *flags, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def assert_workers_import_the_parents_hydrax(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["method"] == "forkserver" and out["values"] == [2 * i for i in range(8)], result.stderr[-4000:]
+    assert out["main"]["hydrax"] == str(PACKAGE / "__init__.py")
+    main, worker = out["main"], out["worker"]
+    assert worker["hydrax"] == main["hydrax"] and worker["shardset"] == main["shardset"]
+    # imported by the fork server, not again by each worker: workers still start without imports
+    assert worker["preloaded"] is True
+    # the settings that start the server with the parent's path do not reach the workers
+    assert worker["environ"] == main["environ"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(FOLDERS))
+def test_workers_import_the_parents_hydrax_whatever_folder_named_hydrax_the_working_directory_holds(tmp_path, kind):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(EDITABLE_INSTALL)
+    work = folder_with_hydrax(tmp_path, kind)
+    assert_workers_import_the_parents_hydrax(run_training_script(SCRIPTS / "forkserver_path_script.py", work, site))
+
+
+@pytest.mark.slow
+def test_a_script_next_to_a_folder_named_hydrax_still_has_its_imports_preloaded(tmp_path):
+    # The script's folder is first on the path of the main process, the server and the workers:
+    # its own module is found there, and hydrax (a plain sys.path entry) past the empty folder.
+    work = folder_with_hydrax(tmp_path, "empty")
+    for name in ("forkserver_path_script.py", "forkserver_path_loaders.py"):
+        shutil.copy(SCRIPTS / name, work / name)
+    assert_workers_import_the_parents_hydrax(run_training_script(work / "forkserver_path_script.py", work, ROOT))
+
+
+@pytest.mark.slow
+def test_a_fork_server_that_would_import_a_stale_clone_is_refused_with_both_copies_named(tmp_path):
+    # python -E: the server ignores PYTHONPATH and PYTHONSAFEPATH, so the working directory
+    # comes first on its path (as on Python 3.10); the run must fail clearly, not run the clone.
+    probe = subprocess.run([sys.executable, "-E", "-c", "import hydrax; print(hydrax.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+    if probe.stdout.strip() != str(PACKAGE / "__init__.py"):
+        pytest.skip("hydrax of this tree is not installed in this interpreter (python -E ignores PYTHONPATH)")
+    work = folder_with_hydrax(tmp_path, "stale")
+    result = run_training_script(SCRIPTS / "forkserver_path_script.py", work, tmp_path, "-E")
+    assert result.returncode != 0
+    assert (f"ForkServerImportError: hydrax's loader fork server would import hydrax from {work / 'hydrax'}, not from {PACKAGE} "
+            "where this process imported it") in result.stderr, result.stderr[-4000:]
+    assert "run the script from another directory, or rename that folder" in result.stderr
+
+
+def test_a_fork_server_is_refused_when_sys_path_now_finds_another_hydrax_first(tmp_path):
+    stale = folder_with_hydrax(tmp_path, "stale")
+    out = run_python(f"""
+        import sys
+        from hydrax.errors import ForkServerImportError
+        from hydrax.processes import warm_forkserver
+        sys.path.insert(0, {str(stale)!r})
+        try:
+            warm_forkserver()
+        except ForkServerImportError as exc:
+            print(exc)
+        else:
+            print("started")
+    """, cwd=tmp_path)
+    assert out.startswith(f"hydrax's loader fork server would import hydrax from {stale / 'hydrax'}, not from {PACKAGE} where "), out
+    if sys.version_info >= (3, 11):
+        assert out.endswith("that folder comes first on this process's sys.path, which changed after hydrax was imported")
