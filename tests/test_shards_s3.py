@@ -1,6 +1,10 @@
 """Shards in S3, through a real S3-protocol server (moto's) on 127.0.0.1, started by the tests."""
 
+import logging
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -8,7 +12,7 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
-from hydrax.errors import AccessDeniedError, StoreUnavailableError
+from hydrax.errors import AccessDeniedError, StoreConfigError, StoreUnavailableError
 from hydrax.shards import S3Options, ShardFormatError, ShardSet, ShardWriter
 from hydrax.shards.shardset import expand_urls
 
@@ -243,3 +247,126 @@ def test_one_ranged_get_per_sample_whatever_fields_are_read(s3_shards, tmp_path)
         server_log.setLevel(level)
     gets = [line for line in requests.lines if "GET /data/shards/train-01.tar" in line]
     assert len(gets) == len(dataset) == 9
+
+
+# -- configuration errors: raised at once, naming the setting ---------------------------------------
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def retries(caplog) -> list[str]:
+    """The retries the store logged (one line per attempt after the first)."""
+    return [r.getMessage() for r in caplog.records if r.name == "hydrax.shards.store" and r.getMessage().startswith("retrying")]
+
+
+def without_aws_variables(monkeypatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def store_log(caplog):
+    caplog.set_level(logging.DEBUG, logger="hydrax.shards.store")
+    return caplog
+
+
+def test_a_transient_failure_is_still_retried(store_log, tmp_path):
+    """The counterpart of the tests below: a server that is down may come back, so it is retried
+    (here 3 attempts, 2 retries logged) and then reported as unavailable."""
+    options = S3Options(endpoint_url=f"http://127.0.0.1:{closed_port()}", max_attempts=3, connect_timeout=2, **KEYS)
+    with pytest.raises(StoreUnavailableError, match="cannot reach the S3 endpoint .* after retries \\(3 attempts\\)"):
+        ShardSet("s3://data/train-00.tar", s3=options, cache_dir=str(tmp_path))
+    assert len(retries(store_log)) == 2
+
+
+@pytest.mark.parametrize("endpoint, why", [
+    ("htp:/x", "it must start with http:// or https://"),
+    ("ftp://127.0.0.1:21", "it must start with http:// or https://"),  # obstore: "builder error", retried 20 times before
+    ("not a url", "a URL has no spaces"),
+    ("http://127.0.0.1:99999", "its port is not a number"),  # obstore panics: InvalidPort
+    ("http:/127.0.0.1", "it names no host"),
+])
+def test_a_malformed_endpoint_argument_fails_at_once_naming_it(s3_store, store_log, tmp_path, endpoint, why):
+    """Twenty attempts with back-off would take half a minute; none is retried, and obstore never
+    sees the URL (it panicked on the first request, or refused it and was retried)."""
+    options = S3Options(endpoint_url=endpoint, max_attempts=20, **KEYS)
+    with pytest.raises(StoreConfigError) as info:
+        ShardSet("s3://data/shards/train-00.tar", s3=options, cache_dir=str(tmp_path))
+    assert retries(store_log) == []
+    assert isinstance(info.value, ValueError) and info.value.url == "s3://data/shards/train-00.tar"
+    assert f"the S3 endpoint URL {endpoint!r}, set by S3Options(endpoint_url=...) or --endpoint-url, is not usable: {why}" in str(info.value)
+
+
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_a_malformed_endpoint_variable_fails_at_once_naming_the_variable(s3_store, store_log, monkeypatch, tmp_path, variable):
+    without_aws_variables(monkeypatch)
+    monkeypatch.setenv(variable, "not a url")
+    options = S3Options(max_attempts=20, **KEYS)
+    with pytest.raises(StoreConfigError, match=f"listing 's3://data/shards/train-\\*.tar': the S3 endpoint URL 'not a url', "
+                                               f"set by the environment variable {variable}, is not usable"):
+        expand_urls("s3://data/shards/train-*.tar", options)
+    with pytest.raises(StoreConfigError, match=f"the S3 endpoint URL 'not a url', set by the environment variable {variable}, "):
+        ShardSet("s3://data/x.tar", s3=options, cache_dir=str(tmp_path))
+    assert retries(store_log) == []
+
+
+def test_an_http_endpoint_obstore_may_not_use_fails_at_once(s3_shards, store_log, monkeypatch, tmp_path):
+    """obstore reads AWS_ENDPOINT itself, but may use http only for an endpoint hydrax passes it:
+    reqwest refuses the request ("builder error"), which was retried max_attempts times."""
+    options, _, _ = s3_shards
+    without_aws_variables(monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT", options.endpoint_url)
+    with pytest.raises(StoreConfigError, match=r"the S3 endpoint came from AWS_ENDPOINT='http://127.0.0.1:\d+', a variable that obstore "
+                                               r"reads and hydrax does not, and http:// is allowed only for an http:// endpoint set by "
+                                               r".*--endpoint-url, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; .*HTTP error: builder error"):
+        ShardSet("s3://data/shards/train-00.tar", s3=S3Options(max_attempts=20, **KEYS), cache_dir=str(tmp_path))
+    assert retries(store_log) == []
+    # an http endpoint hydrax is given is allowed, whatever the case of its scheme
+    upper = S3Options(endpoint_url=options.endpoint_url.replace("http://", "HTTP://"), max_attempts=20, **KEYS)
+    assert ShardSet("s3://data/shards/train-03.tar", s3=upper, cache_dir=str(tmp_path)).shard_sizes() == [3]
+
+
+def test_missing_credentials_fail_at_once_naming_the_variables(s3_store, store_log, monkeypatch, tmp_path):
+    """Without keys, obstore asks the instance metadata service (pointed here at a closed port on
+    this machine); that it does not answer was reported as the S3 endpoint being unreachable."""
+    endpoint, _ = s3_store
+    without_aws_variables(monkeypatch)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    options = S3Options(endpoint_url=endpoint, region="us-east-1", max_attempts=20)
+    with pytest.raises(StoreConfigError, match=r"no AWS credentials were found, .*: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                               r".*\(obstore: .*PUT http://127.0.0.1:\d+/latest/api/token .*error sending request\)"):
+        ShardSet("s3://data/x.tar", s3=options, cache_dir=str(tmp_path))
+    assert retries(store_log) == []
+
+
+@pytest.mark.parametrize("url, said", [
+    ("s3://data/shards//train-00.tar", "Could not parse path: Path \"shards//train-00.tar\" contained empty path segment"),
+    ("s3://Bad Bucket!/train-00.tar", "request valid: InvalidUri(InvalidUri(InvalidUriChar))"),  # a panic of obstore's
+])
+def test_a_url_obstore_cannot_request_fails_at_once(s3_store, store_log, url, said):
+    from hydrax.shards.store import store_for
+
+    endpoint, _ = s3_store
+    with pytest.raises(StoreConfigError) as info:
+        store_for(url, S3Options(endpoint_url=endpoint, max_attempts=20, **KEYS)).stat(url)
+    assert retries(store_log) == []
+    assert str(info.value) == (f"shard {url!r}: the request cannot be made as the store is set up: check the S3 endpoint URL "
+                               f"{endpoint!r} (set by S3Options(endpoint_url=...) or --endpoint-url), the bucket {url[5:].split('/')[0]!r} "
+                               f"and the key (obstore: {said})")
+
+
+def test_the_cli_names_a_malformed_endpoint_in_one_line(s3_store):
+    endpoint, _ = s3_store
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    result = subprocess.run([sys.executable, "-m", "hydrax", "shards", "verify", "-q", "s3://data/x.tar", "--endpoint-url", "htp:/x"],
+                            capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "panicked" not in result.stderr
+    assert result.stderr.splitlines() == ["hydrax shards verify: s3://data/x.tar: the S3 endpoint URL 'htp:/x', set by "
+                                          "S3Options(endpoint_url=...) or --endpoint-url, is not usable: it must start with "
+                                          "http:// or https://; set it to the server's URL, like http://127.0.0.1:9000"]

@@ -16,7 +16,10 @@ Reads may be pinned to an object *version* (the ETag an index was built from): a
 object is then an :class:`~hydrax.errors.ObjectChangedError`, never another object's bytes.
 Transient failures (connection errors, resets, truncated bodies, 5xx, timeouts) are retried with
 backoff up to ``max_attempts`` times, then raised as
-:class:`~hydrax.errors.StoreUnavailableError` naming the object and offset.
+:class:`~hydrax.errors.StoreUnavailableError` naming the object and offset. A store set up wrongly
+(an endpoint URL that is not one, an ``http://`` endpoint obstore may not use, no credentials, an
+option obstore rejects) cannot be cured by waiting: it is a
+:class:`~hydrax.errors.StoreConfigError` at the first attempt, naming the setting to fix.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ import re
 import tempfile
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, AsyncIterator, Sequence
 
-from ..errors import (AccessDeniedError, ObjectChangedError, ObjectNotFoundError, StoreError,
-                      StoreUnavailableError)
+from ..errors import (AccessDeniedError, HydraxError, ObjectChangedError, ObjectNotFoundError, StoreConfigError,
+                      StoreError, StoreUnavailableError)
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +279,21 @@ _PERMISSION = {"read": ("s3:GetObject", "storage.objects.get"), "list": ("s3:Lis
 _CODE = re.compile(r"<Code>\s*([A-Za-z]+)\s*</Code>|\"reason\"\s*:\s*\"([A-Za-z]+)\"")
 _CONNECT = re.compile(r"error sending request|[Cc]onnection refused|tcp connect error|dns error")
 _REFUSED_CODES = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AuthenticationRequired")
+# What reqwest, the url crate, http's Uri and object_store say about a request that cannot be made
+# as configured; seen against a real S3 server: "HTTP error: builder error" (an http:// URL where
+# http is not allowed, or another scheme), "Generic Config error: failed to parse ...", "Could not
+# parse path: ...", and panics "request valid: InvalidUri(InvalidUri(InvalidFormat))" and
+# "called `Result::unwrap()` on an `Err` value: InvalidPort" for an endpoint or bucket that makes
+# no URL. Waiting never changes these, so they are not retried.
+_MISCONFIGURED = re.compile(r"builder error|URL scheme is not allowed|relative URL without a base|empty host|invalid port number|"
+                            r"invalid (?:IPv[46] address|domain character|international domain name)|Generic Config error|"
+                            r"[Cc]ould not parse path|InvalidUri\(|InvalidPort")
+_REFUSED_SCHEME = re.compile(r"builder error|URL scheme is not allowed")
+# Fetching credentials from an EC2, ECS or Google metadata service: when no credentials are set,
+# object_store asks there, and one that does not answer means none are set up on this machine.
+_CREDENTIAL_SERVICE = re.compile(r"/latest/api/token|/latest/meta-data/iam|169\.254\.170\.2|/computeMetadata/")
+# ... unless the service itself answered that it is busy or failing, which may pass.
+_SERVER_TROUBLE = re.compile(r"status code: (?:5\d\d|429)\b")
 
 
 def _split(url: str, need_key: bool = True) -> tuple[str, str, str]:
@@ -291,25 +310,62 @@ def _seconds(value: float) -> timedelta:
     return timedelta(seconds=float(value))
 
 
+class _Misconfigured(HydraxError):
+    """The client could not be made as configured; the words say which setting to fix."""
+
+
+def _is_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a request, is the request's failure to explain (an ``Exception``,
+    or a panic of obstore's over a URL it cannot form), rather than an interrupt to pass on."""
+    if isinstance(exc, Exception):
+        return True
+    # pyo3 panics derive from BaseException and have no importable class.
+    return type(exc).__name__ == "PanicException" and bool(_MISCONFIGURED.search(str(exc)))
+
+
+def _endpoint_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` is no URL to send requests to, or None. Checked before obstore sees it,
+    which otherwise panics on the first request (``InvalidUri``) or refuses it (``builder error``)."""
+    if any(c.isspace() for c in endpoint):
+        return "a URL has no spaces"
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme.lower() not in ("http", "https"):
+        return "it must start with http:// or https://"
+    try:
+        port_ok = parts.port is None or parts.port >= 0
+    except ValueError:  # urllib's word for a port that is no number below 65536
+        port_ok = False
+    if not port_ok:
+        return "its port is not a number from 0 to 65535"
+    if not parts.hostname:
+        return "it names no host (the form is http://host:port)"
+    return None
+
+
 class ObjectStore(Store):
     """An S3 bucket, a GCS bucket or an HTTP(S) server, through obstore.
 
     The obstore client is made on first use in each process (a client never crosses a fork).
+    ``endpoint_variable`` names the environment variable the S3 endpoint came from (see
+    :func:`with_environment`), None when it was given in the options or there is none; error
+    messages name it.
     """
 
-    def __init__(self, scheme: str, container: str, options: StoreOptions) -> None:
+    def __init__(self, scheme: str, container: str, options: StoreOptions, endpoint_variable: str | None = None) -> None:
         self.scheme = scheme
         self.container = container
         self.options = options.for_scheme(scheme)
+        self.endpoint_variable = endpoint_variable
         self._client: Any = None
         self._pid = -1
         self._lock = threading.Lock()
 
     def __getstate__(self):
-        return {"scheme": self.scheme, "container": self.container, "options": self.options}
+        return {"scheme": self.scheme, "container": self.container, "options": self.options,
+                "endpoint_variable": self.endpoint_variable}
 
     def __setstate__(self, state):
-        self.__init__(state["scheme"], state["container"], StoreOptions())
+        self.__init__(state["scheme"], state["container"], StoreOptions(), state.get("endpoint_variable"))
         self.options = state["options"]
 
     @property
@@ -322,12 +378,51 @@ class ObjectStore(Store):
             return self._client
         with self._lock:
             if self._pid != os.getpid():
-                self._client = self._make_client()
+                self._check_settings()
+                try:
+                    self._client = self._make_client()
+                except ImportError:
+                    raise
+                except Exception as exc:  # building a client sends nothing: only the settings can be wrong
+                    raise _Misconfigured(f"the {self._kind} store could not be set up: {_short(str(exc))}; "
+                                         f"check {self._settings}") from exc
                 self._pid = os.getpid()
                 from ..processes import note_fork_hazard
 
                 note_fork_hazard("obstore's request threads (used for remote shards)")
         return self._client
+
+    @property
+    def _kind(self) -> str:
+        return {"s3": "S3", "gs": "GCS"}.get(self.scheme, "HTTP")
+
+    @property
+    def _settings(self) -> str:
+        """Where this store's settings come from, in words a user can act on."""
+        if self.scheme == "s3":
+            return ("S3Options (or --endpoint-url and --region) and the AWS_* environment variables "
+                    "(AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ...)")
+        if self.scheme == "gs":
+            return "GCSOptions (or --endpoint-url) and GOOGLE_APPLICATION_CREDENTIALS"
+        return f"the server URL {self.scheme}://{self.container}"
+
+    def _endpoint_origin(self) -> str:
+        """Where the endpoint URL was set."""
+        if self.endpoint_variable:
+            return f"the environment variable {self.endpoint_variable}"
+        return f"{'S3Options' if self.scheme == 's3' else 'GCSOptions'}(endpoint_url=...) or --endpoint-url"
+
+    def _check_settings(self) -> None:
+        """Refuse an endpoint or region that makes no URL before obstore panics over it."""
+        endpoint = getattr(self.options, "endpoint_url", None)
+        problem = _endpoint_problem(endpoint) if endpoint else None
+        if problem:
+            raise _Misconfigured(f"the {self._kind} endpoint URL {endpoint!r}, set by {self._endpoint_origin()}, is not usable: "
+                                 f"{problem}; set it to the server's URL, like http://127.0.0.1:9000")
+        region = getattr(self.options, "region", None) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if self.scheme == "s3" and not endpoint and region and not re.fullmatch(r"[A-Za-z0-9.-]+", region):
+            origin = "S3Options(region=...) or --region" if self.options.region else "AWS_REGION or AWS_DEFAULT_REGION"
+            raise _Misconfigured(f"the S3 region {region!r}, set by {origin}, is not a region name (like us-east-1)")
 
     def _make_client(self):
         try:
@@ -344,7 +439,7 @@ class ObjectStore(Store):
             config: dict[str, Any] = {}
             if o.endpoint_url:
                 config["endpoint"] = o.endpoint_url
-                client_options["allow_http"] = o.endpoint_url.startswith("http://")
+                client_options["allow_http"] = o.endpoint_url.lower().startswith("http://")
             region = o.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 config["region"] = region
@@ -364,7 +459,7 @@ class ObjectStore(Store):
                 config["service_account_key"] = json.dumps({"gcs_base_url": o.endpoint_url.rstrip("/"), "disable_oauth": True,
                                                             "client_email": "", "private_key": "", "private_key_id": ""})
             if o.endpoint_url:
-                client_options["allow_http"] = o.endpoint_url.startswith("http://")
+                client_options["allow_http"] = o.endpoint_url.lower().startswith("http://")
             if o.anonymous:
                 config["skip_signature"] = True
             return GCSStore(self.container, client_options=client_options, retry_config=retry, **config)
@@ -391,6 +486,9 @@ class ObjectStore(Store):
         subject = f"listing {url!r}: " if action == "list" else shard
         where = "" if action == "list" else at
         text = str(exc)
+        misconfigured = self._misconfiguration(exc, text)
+        if misconfigured:
+            return StoreConfigError(misconfigured, url=url, offset=offset, subject=f"listing {url!r}: " if action == "list" else f"shard {url!r}: ")
         match = _CODE.search(text)
         code = next((g for g in match.groups() if g), "") if match else ""
         permission = _PERMISSION[action][self.scheme == "gs"] if self.scheme in ("s3", "gs") else "read access"
@@ -419,6 +517,38 @@ class ObjectStore(Store):
         return StoreUnavailableError(f"{where}the request failed after retries: {_short(text)}", url=url, offset=offset,
                                      subject=subject)
 
+    def _misconfiguration(self, exc: BaseException, text: str) -> str | None:
+        """What setting to fix, when ``exc`` says that no request can succeed as the store is set up."""
+        from obstore import exceptions as ox
+
+        if isinstance(exc, _Misconfigured):
+            return str(exc)
+        if _CREDENTIAL_SERVICE.search(text) and not _SERVER_TROUBLE.search(text):
+            return self._no_credentials(text)
+        if self.scheme == "s3" and _REFUSED_SCHEME.search(text) and not self.options.endpoint_url:
+            # obstore reads a few variables itself (AWS_ENDPOINT, from the environment or a
+            # config file) and may only use http for an endpoint hydrax passes it.
+            found = os.environ.get("AWS_ENDPOINT")
+            origin = f"AWS_ENDPOINT={found!r}, a variable that obstore reads and hydrax does not" if found else "obstore's own configuration"
+            return (f"the request was refused before it was sent: the S3 endpoint came from {origin}, and http:// is "
+                    "allowed only for an http:// endpoint set by S3Options(endpoint_url=...), --endpoint-url, "
+                    f"AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL; set one of those instead (obstore: {_short(text)})")
+        if isinstance(exc, (ox.UnknownConfigurationKeyError, ox.NotSupportedError, ox.InvalidPathError)) or _MISCONFIGURED.search(text):
+            endpoint = getattr(self.options, "endpoint_url", None)
+            where = (f"the {self._kind} endpoint URL {endpoint!r} (set by {self._endpoint_origin()}), the bucket {self.container!r} "
+                     "and the key" if endpoint else f"the bucket or server {self.container!r} and the key, and {self._settings}")
+            return f"the request cannot be made as the store is set up: check {where} (obstore: {_short(text)})"
+        return None
+
+    def _no_credentials(self, text: str) -> str:
+        if self.scheme == "gs":
+            return ("no Google credentials were found, and the metadata server did not provide any: set "
+                    "GOOGLE_APPLICATION_CREDENTIALS or GCSOptions(service_account_path=...), or anonymous=True for a public "
+                    f"bucket (obstore: {_short(text)})")
+        return ("no AWS credentials were found, and the instance metadata service did not provide any: set AWS_ACCESS_KEY_ID "
+                "and AWS_SECRET_ACCESS_KEY (or S3Options(access_key_id=..., secret_access_key=...)), or run where an instance "
+                f"role provides them (obstore: {_short(text)})")
+
     def _attempts(self):
         return max(1, int(self.options.max_attempts))
 
@@ -427,7 +557,9 @@ class ObjectStore(Store):
         for attempt in range(attempts):
             try:
                 return call()
-            except Exception as exc:
+            except BaseException as exc:
+                if not _is_failure(exc):
+                    raise
                 error = self.explain(url, exc, action, offset, version)
                 if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
                     raise error from exc
@@ -440,7 +572,9 @@ class ObjectStore(Store):
         for attempt in range(attempts):
             try:
                 return await call()
-            except Exception as exc:
+            except BaseException as exc:
+                if not _is_failure(exc):
+                    raise
                 error = self.explain(url, exc, action, offset, version)
                 if not isinstance(error, StoreUnavailableError) or attempt + 1 == attempts:
                     raise error from exc
@@ -548,7 +682,9 @@ class ObjectStore(Store):
                     yield piece
                 if position < end:
                     raise ConnectionError(f"the response ended after {position - offset} of {end - offset} bytes")
-            except Exception as exc:
+            except BaseException as exc:
+                if not _is_failure(exc):
+                    raise
                 error = self.explain(url, exc, "read", position, version)
                 failures += 1
                 if not isinstance(error, StoreUnavailableError) or failures >= self._attempts():
@@ -619,15 +755,21 @@ _LOCAL = LocalStore()
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
+def endpoint_variable(options: StoreOptions, scheme: str) -> str | None:
+    """The variable of :data:`ENDPOINT_VARIABLES` that :func:`with_environment` takes the S3
+    endpoint from, or None (another scheme, an endpoint in ``options``, no variable set)."""
+    if scheme != "s3" or options.s3.endpoint_url:
+        return None
+    return next((v for v in ENDPOINT_VARIABLES if os.environ.get(v)), None)
+
+
 def with_environment(options: StoreOptions, scheme: str) -> StoreOptions:
     """``options`` with an S3 endpoint from :data:`ENDPOINT_VARIABLES` when none is given: the
     store is then built with it explicitly (http allowed for an http endpoint), and keyed by it."""
-    if scheme != "s3" or options.s3.endpoint_url:
+    variable = endpoint_variable(options, scheme)
+    if variable is None:
         return options
-    endpoint = next((os.environ[v] for v in ENDPOINT_VARIABLES if os.environ.get(v)), None)
-    if endpoint is None:
-        return options
-    return dataclasses.replace(options, s3=dataclasses.replace(options.s3, endpoint_url=endpoint))
+    return dataclasses.replace(options, s3=dataclasses.replace(options.s3, endpoint_url=os.environ[variable]))
 
 
 def store_for(url: str, options: StoreOptions | None = None) -> Store:
@@ -638,12 +780,15 @@ def store_for(url: str, options: StoreOptions | None = None) -> Store:
     if scheme not in REMOTE_SCHEMES:
         raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
                          url=url, subject=f"shard URL {url!r}: ")
-    options = with_environment(as_store_options(options), scheme)
+    options = as_store_options(options)
+    # Noted before the variable fills the endpoint in, so that errors can say where it came from.
+    variable = endpoint_variable(options, scheme)
+    options = with_environment(options, scheme)
     _, container, _ = _split(url, need_key=False)
-    key = (scheme, container, options.for_scheme(scheme))
+    key = (scheme, container, options.for_scheme(scheme), variable)
     store = _stores.get(key)
     if store is None:
-        store = _stores[key] = ObjectStore(scheme, container, options)
+        store = _stores[key] = ObjectStore(scheme, container, options, variable)
     return store
 
 
