@@ -104,3 +104,137 @@ def test_a_datagroup_over_shards_loads_through_workers(shards):
             seen += cls
             del batch
     assert len(seen) == 2 * 8 * 4 and len(set(seen)) > 20
+
+
+# -- manifests that give no shard sizes: counts checked at set-up all the same ---------------------
+
+
+def write_small_shards(folder, count=2, per_shard=3):
+    from hydrax.shards import ShardWriter
+
+    with ShardWriter(str(folder / "p-%03d.tar"), maxcount=per_shard) as writer:
+        for i in range(count * per_shard):
+            writer.write({"__key__": f"p{i:04d}", "cls": str(i)})
+    return writer.paths
+
+
+def manifest_without_sizes(path, shardlist, **fields):
+    """A wids manifest as other writers make them: URLs and counts, no ``filesize``."""
+    import json
+
+    path.write_text(json.dumps({"__kind__": "wids-shard-index-v1", "wids_version": 1, **fields, "shardlist": shardlist}))
+    return str(path)
+
+
+@pytest.mark.parametrize("claim", [10**8, 2**62 - 1])
+def test_a_count_is_checked_against_its_shard_when_the_manifest_gives_no_size(tmp_path, claim):
+    """The count once sized the run's orders unchecked (2**62 samples: an order no memory holds)."""
+    import re
+
+    from hydrax.errors import ShardFormatError
+
+    paths = write_small_shards(tmp_path)
+    manifest = manifest_without_sizes(tmp_path / "m.json", [{"url": "p-001.tar", "nsamples": claim}])
+    words = f"the manifest says shard {paths[1]} holds {claim} samples, more than its {os.path.getsize(paths[1])} bytes can hold"
+    with pytest.raises(ShardFormatError, match=re.escape(words)) as raised:
+        ShardSet(manifest)
+    assert raised.value.url == manifest and str(raised.value).startswith(f"{manifest}: ")
+    assert ShardSet(manifest_without_sizes(tmp_path / "ok.json", [{"url": "p-001.tar", "nsamples": 3}])).shard_sizes() == [3]
+    # counts that no set of shards holds in all (their running sums would wrap): refused whatever the sizes
+    manifest_without_sizes(tmp_path / "m.json", [{"url": "p-000.tar", "nsamples": 2**62 - 1}] * 3)
+    with pytest.raises(ShardFormatError, match=f"the manifest claims {3 * (2**62 - 1)} samples in all, more than any set of shards"):
+        ShardSet(manifest)
+
+
+def test_missing_shards_of_a_manifest_may_claim_only_a_bounded_count(tmp_path):
+    from hydrax.errors import ObjectNotFoundError
+    from hydrax.shards.catalog import UNCHECKED_SAMPLES
+
+    write_small_shards(tmp_path)
+    small = manifest_without_sizes(tmp_path / "small.json", [{"url": "p-000.tar", "nsamples": 3}, {"url": "gone.tar", "nsamples": 2}])
+    dataset = ShardSet(small)
+    assert dataset.shard_sizes() == [3, 2]  # as ever: a missing shard is named when it is read
+    with pytest.raises(ObjectNotFoundError, match="gone.tar'?, listed in the manifest, does not exist"):
+        _ = dataset[4].key
+    claim = UNCHECKED_SAMPLES + 1
+    big = manifest_without_sizes(tmp_path / "big.json", [{"url": "p-000.tar", "nsamples": 3}, {"url": "gone.tar", "nsamples": claim}])
+    with pytest.raises(ObjectNotFoundError, match=f"listed in the manifest {big} with {claim} samples, does not exist") as raised:
+        ShardSet(big)
+    assert raised.value.url == str(tmp_path / "gone.tar") and "restore the shards or rewrite the manifest" in str(raised.value)
+
+
+def test_a_manifest_of_http_shards_without_sizes_is_checked_with_a_head_each(http_store):
+    from hydrax.errors import ShardFormatError
+    from hydrax.shards import ReadAhead
+
+    base, folder = http_store
+    paths = write_small_shards(folder)
+    shardlist = [{"url": os.path.basename(p), "nsamples": 3} for p in paths] * 2  # listed twice: asked once
+    manifest_without_sizes(folder / "m.json", shardlist)
+    dataset = ShardSet(f"{base}/m.json", readahead=ReadAhead(enabled=False))
+    entry = dataset.shard_entry(1)
+    assert entry.size == os.path.getsize(paths[1]) and entry.version  # found at set-up: reads are pinned to it
+    assert [int(bytes(s["cls"])) for s in dataset] == list(range(6)) * 2
+    shardlist[3]["nsamples"] = 10**8
+    manifest_without_sizes(folder / "m.json", shardlist)
+    with pytest.raises(ShardFormatError, match=f"holds {10**8} samples, more than its") as raised:
+        ShardSet(f"{base}/m.json")
+    assert raised.value.url == f"{base}/m.json"
+
+
+@pytest.mark.parametrize("listed, words", [
+    ("sub", "which is not a file"),  # a folder: once a raw IsADirectoryError when read
+    ("/dev/null", "which is not a file"),  # a device (or a pipe, which could block forever)
+    ("s3:///x.tar", "which names no object"),  # once a raw ValueError
+    ("https://host/" + "k" * 9000, "longer than any store takes"),  # once a panic in the HTTP client
+    ("https://host/\udcff.tar", "it is not UTF-8"),
+])
+def test_a_manifest_entry_that_can_name_no_shard_is_refused_at_set_up(tmp_path, listed, words):
+    from hydrax.errors import ShardFormatError
+
+    (tmp_path / "sub").mkdir()
+    manifest = manifest_without_sizes(tmp_path / "m.json", [{"url": listed, "nsamples": 1}])
+    with pytest.raises(ShardFormatError, match=words) as raised:
+        ShardSet(manifest)
+    assert raised.value.url == manifest
+
+
+def test_a_relative_base_is_relative_to_the_manifest_not_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    paths = write_small_shards(tmp_path / "data")
+    manifest = manifest_without_sizes(tmp_path / "m.json", [{"url": os.path.basename(p), "nsamples": 3} for p in paths], base="data")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert ShardSet(manifest).urls == paths
+
+
+def test_json_nested_deeper_than_the_stack_is_a_format_error_naming_the_manifest(tmp_path):
+    from hydrax.errors import ShardFormatError
+    from hydrax.shards import read_wids_descriptor
+
+    path = tmp_path / "m.json"
+    path.write_text('{"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for read in (ShardSet, read_wids_descriptor):
+        with pytest.raises(ShardFormatError, match="nested too deeply") as raised:
+            read(str(path))
+        assert raised.value.url == str(path)
+
+
+def test_file_urls_in_a_manifest_are_local_paths_not_names_in_the_current_folder(tmp_path, monkeypatch):
+    """``file:///data/a.tar`` was opened as the relative path ``file:/data/a.tar``."""
+    paths = write_small_shards(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    listed = [{"url": "file://" + paths[0], "nsamples": 3}, {"url": "FILE://" + paths[1], "nsamples": 3}]
+    assert ShardSet(manifest_without_sizes(tmp_path / "m.json", listed)).urls == paths
+    relative = [{"url": os.path.basename(p), "nsamples": 3} for p in paths]
+    assert ShardSet(manifest_without_sizes(tmp_path / "b.json", relative, base=f"file://{tmp_path}")).urls == paths
+    assert [int(bytes(s["cls"])) for s in ShardSet(str(tmp_path / "b.json"))] == list(range(6))
+
+
+def test_a_base_longer_than_any_folder_is_refused_before_it_is_copied_into_every_url(tmp_path):
+    from hydrax.errors import ShardFormatError
+
+    manifest = manifest_without_sizes(tmp_path / "m.json", [{"url": "a.tar", "nsamples": 1}] * 1000, base="b" * 10_000)
+    with pytest.raises(ShardFormatError, match="has 10000 characters, more than a folder's path or URL takes") as raised:
+        ShardSet(manifest)
+    assert raised.value.url == manifest

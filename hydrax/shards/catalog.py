@@ -15,7 +15,9 @@ gives every shard its size, version and index:
 - ``http(s)://`` shards: a HEAD each (such servers cannot list), then as above;
 - a manifest (a wids ``wids-shard-index-v1`` descriptor, local or remote, named instead of
   shards): one request gives every shard, its sample count and, when hydrax wrote it, its size
-  and ETag; the indexes are then loaded only when a shard is first read.
+  and ETag; the indexes are then loaded only when a shard is first read. Every count is checked
+  against its shard's size before anything is sized by it: for a shard the manifest gives no
+  size for, set-up finds it (see :func:`read_checked_manifest`).
 
 A ShardSet holds what is known of its shards compactly, without a Python object per shard: URLs
 as a :class:`UrlList` (one byte array), sizes, sample counts and versions as a
@@ -31,12 +33,13 @@ import json
 import logging
 import os
 import operator
+import stat
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
+from ..errors import AccessDeniedError, ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
 from .setindex import SetIndex, build_set_index, set_index_path, urls_digest
 from .store import (REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
@@ -289,16 +292,22 @@ def _open_local(entry: ShardEntry, write_index: bool, missing: str, joint: str) 
     :class:`ObjectNotFoundError` saying ``missing`` (after ``shard '<url>'`` and ``joint``)."""
     try:
         return open_index(entry.url, write=write_index)
+    except StoreError:
+        raise
     except FileNotFoundError:
         if os.path.exists(entry.url):
             raise  # the shard is there: something else is missing
         raise ObjectNotFoundError(missing, url=entry.url, subject=f"shard {entry.url!r}{joint}") from None
+    except OSError as exc:  # a folder, a name too long, no permission: a listing can name any of them
+        kind = AccessDeniedError if isinstance(exc, PermissionError) else StoreError
+        raise kind(f"cannot be read ({exc.strerror or exc}); check the path and its permissions", url=entry.url,
+                   subject=f"shard {entry.url!r:.300}: ") from None
 
 
 def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry]:
     """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
     if is_manifest(urls):
-        return read_manifest(os.fspath(urls), options)
+        return read_checked_manifest(os.fspath(urls), options).entries()
     return _resolve_entries(*_expand(urls, options), options, cache_dir, write_index)
 
 
@@ -321,7 +330,7 @@ def resolve_set(urls, options: StoreOptions, cache_dir: str,
     of them are local files, ``(their paths, their set index)`` (see :func:`open_set_index`); else,
     as :func:`resolve` gives them, every shard's :class:`ShardEntry`."""
     if is_manifest(urls):
-        return read_manifest_table(os.fspath(urls), options)
+        return read_checked_manifest(os.fspath(urls), options)
     shards, listed = _expand(urls, options)
     if any(is_remote(info.url) for info in shards):
         return _resolve_entries(shards, listed, options, cache_dir, write_index)
@@ -398,7 +407,7 @@ async def _read_summary(url: str, info: ObjectInfo, options: StoreOptions) -> li
     try:
         data = await store_for(url, options).read_async(url, version=info.version)
         return manifest_entries(json.loads(bytes(data).decode("utf-8")), url.rsplit("/", 1)[0], url)
-    except (ObjectNotFoundError, ShardFormatError, ValueError, TypeError, AttributeError, KeyError) as exc:
+    except (ObjectNotFoundError, ShardFormatError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         # a damaged or foreign summary: the index objects still serve
         log.warning("ignoring the folder summary %s: %s", url, exc)
         return []
@@ -503,7 +512,7 @@ def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_i
         return entry.index
     if is_remote(entry.url):
         return run_async(load_index_async(entry, options, cache_dir, write_index, keep=keep))
-    index = _open_local(entry, write_index, "listed in the manifest, does not exist", ", ")
+    index = _open_local(entry, write_index, f"listed in the {_listing_kind(entry.counted_by or '')}, does not exist", ", ")
     _check_count(entry, index)
     if keep:
         entry.index = index
@@ -557,7 +566,9 @@ def read_manifest(url: str, options: StoreOptions | None = None) -> list[ShardEn
 
     Each shardlist entry gives ``url`` and ``nsamples``; hydrax also reads ``filesize`` and its
     own ``etag`` when present. Relative shard URLs are resolved against the descriptor's
-    ``base``, else its own folder. (:func:`read_manifest_table` gives them compactly.)
+    ``base``, else its own folder. (:func:`read_manifest_table` gives them compactly.) Counts are
+    checked against the sizes the descriptor gives; :func:`read_checked_manifest` (what a
+    ShardSet reads) also finds the sizes it does not give.
     """
     return read_manifest_table(url, options).entries()
 
@@ -576,12 +587,116 @@ def read_manifest_table(url: str, options: StoreOptions | None = None) -> ShardT
         descriptor = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShardFormatError(f"not a JSON dataset manifest ({exc})", url=url) from exc
+    except RecursionError:  # JSON nested deeper than Python's stack: no manifest is
+        raise ShardFormatError("not a dataset manifest (its JSON is nested too deeply to read); rewrite it "
+                               "(hydrax shards index --manifest writes one)", url=url) from None
     except FileNotFoundError as exc:
         raise ObjectNotFoundError("does not exist", url=url, subject=f"manifest {url!r} ") from exc
+    except StoreError:
+        raise
+    except OSError as exc:  # a folder, no permission
+        raise StoreError(f"cannot be read ({exc.strerror or exc}); check the path", url=url, subject=f"manifest {url!r}: ") from exc
     table = manifest_table(descriptor, folder, url)
     if not len(table):
         raise ShardFormatError("the manifest lists no shards", url=url)
     return table
+
+
+#: The most samples a listing may claim, in all, for shards that set-up cannot find: their sizes,
+#: and so their counts, cannot be checked (reading them fails anyway, as it always has), and this
+#: bounds the orders those counts size (8 bytes a sample: 8 MiB).
+UNCHECKED_SAMPLES = 1 << 20
+
+
+def read_checked_manifest(url: str, options: StoreOptions | None = None) -> ShardTable:
+    """:func:`read_manifest_table`, with every count checked against its shard's size before
+    anything is sized by it (what a ShardSet opens).
+
+    A manifest that gives a shard's size (hydrax's do) is checked as it is read. For the shards
+    it gives no size for (other wids writers, a damaged ``filesize``), set-up finds it: a ``stat``
+    per local shard, one LIST per folder of ``s3://`` and ``gs://`` shards, a HEAD per
+    ``http(s)://`` shard (as for shards named directly). Those it cannot find may claim at most
+    :data:`UNCHECKED_SAMPLES` in all; their reads fail as before, when first made.
+    """
+    options = as_store_options(options)
+    table = read_manifest_table(url, options)
+    unsized = np.flatnonzero(table.sizes < 0).tolist()
+    return _sized_table(table, unsized, url, options) if unsized else table
+
+
+def _sized_table(table: ShardTable, unsized: list[int], where: str, options: StoreOptions) -> ShardTable:
+    """``table`` after checking the counts of shards ``unsized`` against their sizes, found now;
+    remote shards keep the size and version found (their reads are pinned to it), local ones
+    are tied to their files as ever, by their indexes."""
+    urls = [table.urls[i] for i in unsized]
+    distinct = list(dict.fromkeys(urls))  # a shard listed many times is asked about once
+    found = {url: _stat_listed(url, where) for url in distinct if not is_remote(url)}
+    remote = [url for url in distinct if is_remote(url)]
+    if remote:
+        found.update(run_async(_stat_remote(remote, where, options)))
+    counts = np.diff(table.starts)
+    checked, sizes = table.sizes.copy(), table.sizes.copy()
+    versions = list(table.versions) if table.versions is not None else [""] * len(table)
+    missing = []
+    for shard, url in zip(unsized, urls):
+        info = found[url]
+        if info is None:
+            missing.append(shard)
+            continue
+        checked[shard] = info.size
+        if is_remote(url):
+            sizes[shard], versions[shard] = info.size, versions[shard] or info.version or ""
+    _check_claims(counts, checked, table.urls, where)
+    unchecked = sum(int(counts[shard]) for shard in missing)
+    if unchecked > UNCHECKED_SAMPLES:
+        first = next(shard for shard in missing if counts[shard])
+        url, kind = table.urls[first], _listing_kind(where)
+        raise ObjectNotFoundError(f"listed in the {kind} {where} with {int(counts[first])} samples, does not exist; the {kind} "
+                                  f"claims {unchecked} samples of shards that cannot be found, more than the {UNCHECKED_SAMPLES} "
+                                  f"set-up lets go unchecked: restore the shards or rewrite the {kind}", url=url,
+                                  subject=f"shard {url!r:.300} ")
+    if not remote:
+        return table
+    return ShardTable(table.urls, sizes, versions, counts, counted_by=table.counted_by)
+
+
+def _stat_listed(url: str, where: str) -> ObjectInfo | None:
+    """The size of the local shard ``url`` a listing names, or None when it is not there."""
+    try:
+        found = os.stat(url)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        kind = AccessDeniedError if isinstance(exc, PermissionError) else StoreError
+        raise kind(f"listed in the {_listing_kind(where)} {where}, cannot be read ({exc.strerror or exc}); fix the entry or "
+                   "the file", url=url, subject=f"shard {url!r:.300}: ") from None
+    if not stat.S_ISREG(found.st_mode):  # a folder, a device, a pipe: reading one would fail, or wait forever
+        raise ShardFormatError(f"the {_listing_kind(where)} lists {url!r:.300}, which is not a file (a shard is a tar file); "
+                               "fix the entry", url=where)
+    return ObjectInfo(url, found.st_size, None, found.st_mtime_ns)
+
+
+async def _stat_remote(urls: list[str], where: str, options: StoreOptions) -> dict[str, ObjectInfo | None]:
+    """Size and version of each remote shard of ``urls`` (None where it is not there): a LIST per
+    folder where the store can list, else a HEAD each."""
+    listable = ("s3", "gs")
+    folders = sorted({url.rsplit("/", 1)[0] + "/" for url in urls if scheme_of(url) in listable})
+    heads = [url for url in urls if scheme_of(url) not in listable]
+
+    async def head(url: str) -> ObjectInfo | None:
+        try:
+            return await store_for(url, options).stat_async(url)
+        except ObjectNotFoundError:
+            return None
+
+    try:
+        listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
+        infos = await gather_limited([lambda u=u: head(u) for u in heads], SETUP_REQUESTS)
+    except StoreError as exc:  # say which listing sent set-up there
+        raise exc._replace(detail=f"{exc.detail} (finding the size of a shard the {_listing_kind(where)} {where} lists)") from exc
+    found = {info.url: info for listing in listings for info in listing}
+    found.update(zip(heads, infos))
+    return {url: found.get(url) for url in urls}
 
 
 def manifest_entries(descriptor, folder: str, url: str) -> list[ShardEntry]:
@@ -613,22 +728,45 @@ def _origin(url: str) -> str:
     return scheme.lower() + "://" + rest.split("/", 1)[0]
 
 
+#: The longest remote shard URL a listing may give, in bytes: S3 and GCS keys take at most 1,024,
+#: HTTP servers commonly refuse request lines past 8 KiB, and the HTTP client panics (a Rust
+#: panic, printed with its backtrace) on a URL past 64 KiB.
+MAX_URL_BYTES = 8192
+
+
 def _check_origins(urls: Sequence[str], where: str) -> None:
-    """Refuse shards a listing may not name: any of an unknown scheme; and, for a listing in an
-    object store, any outside its own bucket (a local path such as /etc/passwd, another store),
-    which a listing in someone else's bucket could otherwise make this process open."""
+    """Refuse shards a listing may not name: any of an unknown scheme, or no URL a store takes;
+    and, for a listing in an object store, any outside its own bucket (a local path such as
+    /etc/passwd, another store), which a listing in someone else's bucket could otherwise make
+    this process open."""
     remote = is_remote(where)
     home = _origin(where) if remote else None
     kind = _listing_kind(where)
     for number, shard in enumerate(urls):
         scheme = scheme_of(shard)
-        if scheme != "file" and scheme not in REMOTE_SCHEMES:
-            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r}, of the unsupported {scheme}:// scheme "
-                                   "(local paths, s3://, gs:// and http(s):// are)", url=where)
-        if remote and (scheme == "file" or _origin(shard) != home):
-            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r}, outside its own store {home}/: a {kind} "
+        unsupported = scheme != "file" and scheme not in REMOTE_SCHEMES
+        if remote and not unsupported and (scheme == "file" or _origin(shard) != home):
+            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r:.200}, outside its own store {home}/: a {kind} "
                                    "in an object store may name only shards of its bucket (relative keys or its own URLs)",
                                    url=where)
+        problem = None if scheme == "file" else _url_problem(shard, scheme)
+        if problem:
+            raise ShardFormatError(f"the {kind} lists shard {number}, {shard!r:.200}, {problem}; fix the entry", url=where)
+
+
+def _url_problem(url: str, scheme: str) -> str | None:
+    """What keeps the remote ``url`` from naming an object, or None."""
+    if scheme not in REMOTE_SCHEMES:
+        return f"of the unsupported {scheme:.40}:// scheme (local paths, s3://, gs:// and http(s):// are)"
+    try:
+        size = len(url.encode("utf-8"))
+    except UnicodeEncodeError:  # undecodable bytes of a path (surrogateescape): no key is made of them
+        return "which holds text no store takes (it is not UTF-8)"
+    if size > MAX_URL_BYTES:
+        return f"a URL of {size} bytes, longer than any store takes (at most {MAX_URL_BYTES} here)"
+    if not all(url.split("://", 1)[1].partition("/")[::2]):
+        return f"which names no object (a shard URL is {scheme}://bucket-or-host/key)"
+    return None
 
 
 #: The fewest bytes a sample takes in a tar: one member's 512-byte header (an empty payload).
@@ -638,14 +776,21 @@ MIN_SAMPLE_BYTES = 512
 def _check_claims(counts: Sequence[int], sizes: Sequence[int], urls: Sequence[str], where: str) -> None:
     """Refuse a listing that claims more samples for a shard than its size can hold: a forged or
     corrupted count would otherwise size the run's orders (10**8 samples for a small shard once
-    took 9.6 GB) long before the shard's own index could contradict it."""
+    took 9.6 GB) long before the shard's own index could contradict it. Shards of unknown size
+    (-1) are left to :func:`read_checked_manifest`; but no set of shards holds 2**62 samples, and
+    their running sums must fit an int64, so a total beyond that is refused whatever the sizes."""
     counts_array, sizes_array = np.asarray(counts, np.int64), np.asarray(sizes, np.int64)
     impossible = np.flatnonzero((sizes_array >= 0) & (counts_array > sizes_array // MIN_SAMPLE_BYTES))
     if len(impossible):
         i = int(impossible[0])
-        raise ShardFormatError(f"the {_listing_kind(where)} says shard {urls[i]} holds {counts[i]} samples, more than its {sizes[i]} bytes "
-                               f"can hold (at most {sizes[i] // MIN_SAMPLE_BYTES}: every sample takes a {MIN_SAMPLE_BYTES}-byte "
-                               f"tar header); rewrite it (hydrax shards index)", url=where)
+        size = int(sizes_array[i])
+        raise ShardFormatError(f"the {_listing_kind(where)} says shard {urls[i]:.300} holds {int(counts_array[i])} samples, more than "
+                               f"its {size} bytes can hold (at most {size // MIN_SAMPLE_BYTES}: every sample takes a "
+                               f"{MIN_SAMPLE_BYTES}-byte tar header); rewrite it (hydrax shards index)", url=where)
+    total = sum(counts_array.tolist())  # Python ints: an int64 sum could wrap
+    if total >= 1 << 62:
+        raise ShardFormatError(f"the {_listing_kind(where)} claims {total} samples in all, more than any set of shards holds "
+                               "(each takes a tar header); rewrite it (hydrax shards index)", url=where)
 
 
 def manifest_json(entries: Sequence[ShardEntry], name: str = "dataset", base: str | None = None) -> str:

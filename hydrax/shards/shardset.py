@@ -64,7 +64,9 @@ class ShardSet(Sequence["SampleRef"]):
 
     :param urls: a path, ``file://``, ``s3://``, ``gs://`` or ``http(s)://`` URL, glob or brace
         pattern, or a list of them; or one dataset manifest (a wids ``wids-shard-index-v1``
-        ``.json`` descriptor, local or remote), which sets up with a single request.
+        ``.json`` descriptor, local or remote), which sets up with a single request (and, for
+        shards it gives no size for, what finds their sizes: their counts are checked against
+        them before anything is sized by them).
     :param write_index: write a missing index (or refresh one whose shard only has a new
         modification time): ``<shard>.hidx`` beside a local shard, or into ``cache_dir`` for a
         remote one (nothing is ever written into a bucket; ``hydrax shards index`` does that),
