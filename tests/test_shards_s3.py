@@ -370,3 +370,30 @@ def test_the_cli_names_a_malformed_endpoint_in_one_line(s3_store):
     assert result.stderr.splitlines() == ["hydrax shards verify: s3://data/x.tar: the S3 endpoint URL 'htp:/x', set by "
                                           "S3Options(endpoint_url=...) or --endpoint-url, is not usable: it must start with "
                                           "http:// or https://; set it to the server's URL, like http://127.0.0.1:9000"]
+
+
+def test_run_async_inside_a_running_loop_raises_the_coroutines_own_error_in_the_caller(capfd):
+    """In a notebook an event loop already runs: the coroutine runs in a thread of its own, and its
+    failure must reach the caller as it is, not die in that thread (an IndexError came back)."""
+    import asyncio
+
+    from hydrax.errors import ObjectNotFoundError
+    from hydrax.shards.store import run_async
+
+    async def failing():
+        raise ObjectNotFoundError("does not exist", url="s3://data/x.tar")
+
+    async def succeeding():
+        return 42
+
+    async def notebook_cell():
+        assert run_async(succeeding()) == 42
+        with pytest.raises(ObjectNotFoundError, match="does not exist") as raised:
+            run_async(failing())
+        return raised.value
+
+    error = asyncio.run(notebook_cell())
+    assert error.url == "s3://data/x.tar" and "Exception in thread" not in capfd.readouterr().err
+    with pytest.raises(ObjectNotFoundError) as raised:  # no loop running: asyncio.run directly
+        run_async(failing())
+    assert raised.value.__context__ is None  # not "during handling of RuntimeError: no running event loop"

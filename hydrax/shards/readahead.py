@@ -296,22 +296,26 @@ class Fetcher:
         # Indexes not loaded yet (a manifest gave only counts) load together, many at once.
         shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
         results = await asyncio.gather(*(self._limited(self._layout_async, s) for s in shards), return_exceptions=True)
+        unindexed = set()
         for shard, result in zip(shards, results):
             if isinstance(result, BaseException):
                 log.debug("read-ahead: no index for shard %d: %s", shard, result)
+                unindexed.add(shard)
         # Ranged reads of the whole burst are coalesced together: neighbours are often announced by
         # different batches.
         random_wanted: dict[int, set[int]] = {}
         for item in pending:
-            for shard, samples in self._plan(*item).items():
+            for shard, samples in self._plan(*item, unindexed).items():
                 random_wanted.setdefault(shard, set()).update(samples)
         for shard, wanted in random_wanted.items():
             for run in _coalesce(self._layout(shard), sorted(wanted)):
                 self._loop.create_task(self._read_run(shard, run))
 
-    def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> dict[int, list[int]]:
+    def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str, unindexed: set[int]) -> dict[int, list[int]]:
         """Refer batch ``key`` to the files it needs and start streams; returns the samples to read
-        with ranged requests, by shard."""
+        with ranged requests, by shard. The ``unindexed`` shards' indexes just failed to load: they
+        are left to the workers' own reads, which report why (loading again here would block the
+        event loop for a second failure)."""
         if key in self._unplanned:
             self._unplanned.discard(key)
             return {}
@@ -319,6 +323,8 @@ class Fetcher:
         random_wanted: dict[int, list[int]] = {}
         stream_wanted: set[int] = set()
         for shard in np.unique(shards).tolist():
+            if shard in unindexed:
+                continue
             try:
                 layout = self._layout(shard)
             except Exception as exc:  # the worker's own read will report it

@@ -798,16 +798,26 @@ def run_async(coroutine):
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False
+    else:
+        running = True
+    if not running:  # outside the except clause: the coroutine's errors carry no "no running loop" context
         return asyncio.run(coroutine)
-    result: list = []
+    outcome: list = []
 
     def target():
-        result.append(asyncio.run(coroutine))
+        try:
+            outcome.append((True, asyncio.run(coroutine)))
+        except BaseException as exc:  # raised in the caller's thread, not printed in this one
+            outcome.append((False, exc))
 
     thread = threading.Thread(target=target, name="hydrax-async")
     thread.start()
     thread.join()
-    return result[0]
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 async def gather_limited(calls: Sequence, limit: int = 64) -> list:
