@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.timing import slack, slack_int
 
 import hydrax
 from hydrax import cache as hcache
@@ -48,7 +49,7 @@ def run(location, *, func=load, n=10, batch_size=3, epochs=2, arrays=ARRAYS, che
     loader_arrays = kwargs.pop("loader_arrays", arrays)
     group = hydrax.DataGroup(batch_size, list(range(n)), loader_arrays=loader_arrays, cache_location=location, **group_kw)
     kwargs.setdefault("on_item_error", "raise" if func is refuse else "drop_batch")
-    kwargs.setdefault("timeout_sec", 30)
+    kwargs.setdefault("timeout_sec", slack_int(30))
     seen = []
     with hydrax.Dataloader(func, group, end_at=("epoch", epochs), **kwargs) as dl:
         for batch in dl:
@@ -375,7 +376,7 @@ def test_direct_mode_never_reads_a_path_in_flight_200_runs(tmp_path, caplog, mon
         assert not [name for name in os.listdir(location) if name.endswith(".tmp")]
         assert not caplog.records, (n, [r.getMessage() for r in caplog.records])
     assert sum(found_in_flight) >= 100, f"the race window opened {sum(found_in_flight)} times in 200 runs"
-    assert time.monotonic() - started < 150
+    assert time.monotonic() - started < slack(150)  # about 5 s idle; runs that wait out a timeout take far longer
 
 
 #: Floats per batch in the SIGKILL test: 64 MB files take long enough to write to be caught mid-way.
@@ -400,7 +401,7 @@ def kill_mid_write(script, location) -> list[str]:
     """Start the writer, SIGKILL it as soon as a batch file is being written; what is left in ``location``."""
     child = subprocess.Popen([sys.executable, str(script), str(location), str(BIG)], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + slack(60)
         while time.monotonic() < deadline and child.poll() is None:
             if location.exists() and any(n.endswith(".tmp") and ".dat." in n for n in os.listdir(location)):
                 os.kill(child.pid, signal.SIGKILL)
@@ -461,7 +462,7 @@ def test_cached_batches_alias_the_mapping_and_copy_instead_of_stalling(tmp_path)
         stats = dl.transfer_stats
     assert stats["aliased_batches"] == 16  # x at offset 0 of a page-aligned mapping
     kept = []
-    with hydrax.Dataloader(refuse, group, end_at=("epoch", 2), depth=2, on_item_error="raise", timeout_sec=20) as dl:
+    with hydrax.Dataloader(refuse, group, end_at=("epoch", 2), depth=2, on_item_error="raise", timeout_sec=slack_int(20)) as dl:
         for batch in dl:
             kept.append(batch)  # the loop keeps every batch: copies instead of a stall
         stats = dl.transfer_stats

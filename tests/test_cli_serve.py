@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 from hydrax.serve import Connection
 from hydrax.shards import ShardWriter
@@ -20,7 +21,7 @@ SAMPLES, BATCH, SIZE = 24, 8, 16
 
 
 def hydrax(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "hydrax", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "hydrax", *args], capture_output=True, text=True, timeout=slack(timeout))
 
 
 def start(*args):
@@ -28,9 +29,15 @@ def start(*args):
     return subprocess.Popen([sys.executable, "-m", "hydrax", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def waiting(seconds: float) -> str:
+    """A ``--timeout`` for a command that must see its stream: ``seconds``, longer on a busy machine
+    (where ``hydrax serve`` takes longer to start sending)."""
+    return f"{slack(seconds):.0f}"
+
+
 def finish(process, timeout=60):
     try:
-        out, err = process.communicate(timeout=timeout)
+        out, err = process.communicate(timeout=slack(timeout))
     except subprocess.TimeoutExpired:
         process.kill()
         out, err = process.communicate()
@@ -78,7 +85,7 @@ def check_epoch(batches):
 @pytest.mark.parametrize("shared", [(), pytest.param(("--shared-memory",), marks=pytest.mark.slow)], ids=["socket", "shared-memory"])
 def test_serve_sends_one_epoch_to_a_hydrax_connection(shards, shared):
     port = free_port()
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=30) as connection:
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(30)) as connection:
         process = start("serve", shards, f"zpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
                         "--epochs", "1", "--protocol", "hydrax", "--workers", "1", *shared)
         messages = list(connection.messages())  # ends at the producer's end marker
@@ -105,7 +112,7 @@ def test_serve_publishes_to_a_tensorcom_subscriber(shards):
                     "--epochs", "1", "--subscribers", "1", "--workers", "1", "--shuffle", "itemwise")
     subscriber = zcom.Connection(f"zsub://127.0.0.1:{port}")
     try:
-        subscriber.socket.setsockopt(zmq.RCVTIMEO, 30000)
+        subscriber.socket.setsockopt(zmq.RCVTIMEO, int(slack(30) * 1000))
         batches = [subscriber.recv() for _ in range(SAMPLES // BATCH)]
     finally:
         status, out, err = finish(process)
@@ -120,7 +127,7 @@ def test_ctrl_c_ends_the_stream_cleanly(shards):
     process = start("serve", shards, f"zrpush://127.0.0.1:{port}", "--batch-size", str(BATCH), "--size", str(SIZE),
                     "--protocol", "hydrax", "--workers", "1", "--report", "0")
     received = 0
-    with Connection(f"zrpull://127.0.0.1:{port}", timeout=30, hwm=1) as connection:
+    with Connection(f"zrpull://127.0.0.1:{port}", timeout=slack(30), hwm=1) as connection:
         for _ in connection:
             received += 1
             if received == 4:
@@ -133,7 +140,7 @@ def test_ctrl_c_ends_the_stream_cleanly(shards):
 
 def send_batches(url, batches, protocol="hydrax"):
     """Send ``batches`` (lists of arrays) from this process, then end the stream."""
-    with Connection(url, protocol=protocol, timeout=30) as producer:
+    with Connection(url, protocol=protocol, timeout=slack(30)) as producer:
         for arrays in batches:
             producer.send(arrays)
 
@@ -142,8 +149,8 @@ def test_monitor_reports_rates_shapes_and_the_end_of_the_stream():
     from hydrax.serve.envelope import EPOCH_END
 
     port = free_port()
-    monitor = start("monitor", f"zrpull://127.0.0.1:{port}", "--report", "5", "--timeout", "30")
-    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", timeout=30) as producer:
+    monitor = start("monitor", f"zrpull://127.0.0.1:{port}", "--report", "5", "--timeout", waiting(30))
+    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", timeout=slack(30)) as producer:
         for i in range(12):
             producer.send([np.zeros((4, 8, 8, 3), np.uint8), np.arange(4, dtype=np.int32)], infos=["image", "label"], epoch=0, batch=i)
         producer.mark(EPOCH_END, epoch=0)
@@ -169,7 +176,7 @@ def test_show_draws_the_images_of_a_stream(tmp_path):
 
     port = free_port()
     out = tmp_path / "grid.png"
-    show = start("show", f"zrpull://127.0.0.1:{port}", "--count", "6", "--tile", "32", "--out", str(out), "--timeout", "30")
+    show = start("show", f"zrpull://127.0.0.1:{port}", "--count", "6", "--tile", "32", "--out", str(out), "--timeout", waiting(30))
     colours = [(40 * i, 100, 250 - 40 * i) for i in range(8)]
     batches = [[np.array([np.full((10, 12, 3), colours[4 * b + r], np.uint8) for r in range(4)]),
                 np.arange(4 * b, 4 * b + 4, dtype=np.int32)] for b in range(2)]
@@ -187,7 +194,7 @@ def test_show_draws_the_images_of_a_stream(tmp_path):
 
     # floats, channels first, in [0, 1]: scaled by 255
     out = tmp_path / "floats.png"
-    show = start("show", f"zrpull://127.0.0.1:{port}", "-n", "3", "--tile", "16", "-o", str(out), "--timeout", "30")
+    show = start("show", f"zrpull://127.0.0.1:{port}", "-n", "3", "--tile", "16", "-o", str(out), "--timeout", waiting(30))
     send_batches(f"zrpush://127.0.0.1:{port}", [[np.full((3, 3, 8, 8), 0.5, np.float32), np.arange(3, dtype=np.int16)]])
     status, stdout, err = finish(show)
     assert status == 0, err
@@ -202,7 +209,7 @@ def test_stat_of_a_stream_matches_numpy():
                 rng.integers(0, 256, (4, 2, 2, 3), dtype=np.uint8)] for _ in range(4)]
     batches.append([rng.normal(size=(2, 3)).astype(np.float32), np.array([7, -9], np.int32), np.zeros((2, 2, 2, 3), np.uint8)])
     port = free_port()
-    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--json", "--timeout", "30")
+    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--json", "--timeout", waiting(30))
     send_batches(f"zrpush://127.0.0.1:{port}", batches)
     status, out, err = finish(stat)
     assert status == 0, err
@@ -220,7 +227,7 @@ def test_stat_of_a_stream_matches_numpy():
         assert result["seen"] == [{"dtype": dtype, "shape": shapes[0], "count": 4}, {"dtype": dtype, "shape": shapes[1], "count": 1}]
 
     port = free_port()  # the tables, from a tensorcom-protocol stream, stopping at --count
-    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--count", "2", "--timeout", "30")
+    stat = start("stat", f"zrpull://127.0.0.1:{port}", "--count", "2", "--timeout", waiting(30))
     send_batches(f"zrpush://127.0.0.1:{port}", batches[:2], protocol="tensorcom")
     status, out, err = finish(stat)
     assert status == 0, err
@@ -310,7 +317,7 @@ def one_share_run(share_shards):
     port = free_port()
     processes = []
     try:
-        with Collector(f"zpull://127.0.0.1:{port}", 1, timeout=60) as collector:
+        with Collector(f"zpull://127.0.0.1:{port}", 1, timeout=slack(60)) as collector:
             serve_share(share_shards, port, "0/1", processes)
             rows = [share_row(m) for m in collector.messages()]
     finally:
@@ -328,7 +335,7 @@ def test_two_shares_serve_the_run_once_in_its_order(share_shards, one_share_run,
     from hydrax.serve import Collector
 
     port = free_port()
-    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=60) as collector:
+    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=slack(60)) as collector:
         processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
         rows = [share_row(m) for m in collector.messages()]
         assert collector.duplicates == 0
@@ -348,7 +355,7 @@ def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, o
     rows = []
     processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
     replacements = {}
-    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=60, credit=1) as collector:
+    with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=slack(60), credit=1) as collector:
         for message in collector.messages():
             rows.append(share_row(message))
             # With credit 1, a share has sent at most one batch ahead of the collector, and holds
@@ -362,7 +369,7 @@ def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, o
                 replacements[0] = serve_share(share_shards, port, "0/2", reap)
             elif len(rows) == 2:  # share 1 crashes: SIGKILL
                 processes[1].send_signal(signal.SIGKILL)
-                processes[1].wait(10)
+                processes[1].wait(slack(10))
                 replacements[1] = serve_share(share_shards, port, "1/2", reap)
     check_run(rows)
     assert rows == one_share_run
@@ -376,7 +383,7 @@ def test_killed_or_interrupted_shares_restart_where_they_stopped(share_shards, o
 @pytest.mark.slow
 def test_monitor_receives_the_shares_of_a_run(share_shards, reap):
     port = free_port()
-    monitor = start("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--report", "4", "--timeout", "60")
+    monitor = start("monitor", f"zpull://127.0.0.1:{port}", "--shares", "2", "--report", "4", "--timeout", waiting(60))
     reap.append(monitor)
     processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
     status, out, err = finish(monitor)

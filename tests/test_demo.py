@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("PIL")
@@ -38,11 +39,11 @@ def wheel(tmp_path_factory):
     base = tmp_path_factory.mktemp("wheel")
     _copy_source(base / "src")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(base / "dist"), str(base / "src")],
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=slack(900))
     assert built.returncode == 0, built.stdout + built.stderr
     [path] = (base / "dist").glob("hydrax-*.whl")
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target",
-                                str(base / "site"), str(path)], capture_output=True, text=True, timeout=300)
+                                str(base / "site"), str(path)], capture_output=True, text=True, timeout=slack(300))
     assert installed.returncode == 0, installed.stdout + installed.stderr
     return path, base / "site"
 
@@ -51,7 +52,7 @@ def _run_installed(site: Path, cwd: Path, cache: Path, *args: str) -> subprocess
     """``python -m ARGS`` in ``cwd`` with the installed wheel first on the path (ahead of the
     checkout's editable install) and ``HYDRAX_CACHE=cache``."""
     env = dict(os.environ, PYTHONPATH=str(site), HYDRAX_CACHE=str(cache))
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=slack(300))
 
 
 @pytest.mark.wheel
@@ -116,7 +117,7 @@ def test_the_shipped_digits_build_the_repository_shards(tmp_path):
 @pytest.mark.slow
 def test_demo_says_why_it_cannot_find_shards(tmp_path):
     result = subprocess.run([sys.executable, "-m", "hydrax", "demo", "--shards", str(tmp_path / "nowhere")],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                            capture_output=True, text=True, timeout=slack(120), cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("[demo] ") and str(tmp_path / "nowhere") in result.stderr, result.stderr
     assert "pass --shards a folder with digits-{train,val}-*.tar" in result.stderr

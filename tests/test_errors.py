@@ -24,6 +24,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 from hydrax import errors
 from hydrax.errors import (AccessDeniedError, ConfigPicklingError, HydraxError, LocatedError, MainImportError,
@@ -286,7 +287,7 @@ if __name__ == "__main__":
 def run_logging_script(tmp_path, setup: str, method: str) -> subprocess.CompletedProcess:
     path = tmp_path / "logging_script.py"
     path.write_text(textwrap.dedent(SCRIPT))
-    result = subprocess.run([sys.executable, str(path), setup, method], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, str(path), setup, method], capture_output=True, text=True, timeout=slack(120))
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split() == ["METHOD", method, "DONE"]  # nothing of hydrax's on stdout
     return result

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 from hydrax.cli import main
 from hydrax.errors import ShardFormatError
@@ -362,7 +363,7 @@ def test_a_read_only_folder_is_indexed_in_memory_with_a_warning(tmp_path):
     try:
         try:
             done = subprocess.run([sys.executable, "-c", READ_ONLY_CHECK, str(folder)], capture_output=True, text=True,
-                                  check=False, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                                  check=False, timeout=slack(120), env=dict(os.environ, PYTHONPATH=str(ROOT)),
                                   preexec_fn=_without_override if os.geteuid() == 0 else None)
         except subprocess.SubprocessError as exc:  # a container that cannot drop capabilities
             pytest.skip(f"running as root, and cannot drop CAP_DAC_OVERRIDE for the check: {exc}")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.timing import slack
 
 from hydrax.hosts import distributed_client, jax_process_split
 
@@ -27,7 +28,7 @@ def run(scenario: str) -> list[dict]:
     reports = []
     try:
         for proc in procs:
-            out, err = proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=slack(120))
             lines = [line for line in out.splitlines() if line.startswith("{")]
             assert lines, f"no report (status {proc.returncode}):\n{err[-3000:]}"
             reports.append(json.loads(lines[-1]))

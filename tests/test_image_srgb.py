@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 pytest.importorskip("PIL", reason="hydrax.image needs Pillow")
 
@@ -298,7 +299,7 @@ def test_formats_and_paths_are_passed_to_pillow(tmp_path):
 
 def test_import_hydrax_does_not_import_pillow():
     code = "import sys, hydrax; assert 'PIL' not in sys.modules, 'PIL imported'"
-    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=slack(60))
     assert result.returncode == 0, result.stderr
 
 
@@ -307,5 +308,5 @@ def test_missing_pillow_gives_install_hint():
         "import sys; sys.modules['PIL'] = None\n"
         "try:\n    import hydrax.image\nexcept ImportError as exc:\n    print(exc)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=slack(60))
     assert "pip install 'hydrax[image]'" in result.stdout, result.stdout + result.stderr

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.timing import slack, slack_int
 
 import hydrax
 from hydrax import BatchTimeoutError, Dataloader, DataGroup, TrainingBatch, ValidationBatch, is_worker
@@ -81,7 +82,7 @@ def run(loader_func=load, groups=None, keep=False, **kwargs):
     groups = groups if groups is not None else DataGroup(4, range(10), loader_arrays=ARRAYS, seed=3)
     kwargs.setdefault("loader_count", 2)
     kwargs.setdefault("end_at", ("epoch", 3))
-    kwargs.setdefault("timeout_sec", 30)
+    kwargs.setdefault("timeout_sec", slack_int(30))
     out, kept = [], []
     with Dataloader(loader_func, groups, **kwargs) as dl:
         for batch in dl:
@@ -313,7 +314,7 @@ def test_a_loop_that_releases_its_batches_gets_every_batch_without_a_copy():
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_keeping_every_batch_never_stalls_and_never_corrupts(depth):
     group = DataGroup(4, range(40), loader_arrays=ARRAYS, seed=1)
-    out, kept, _ = run(groups=group, depth=depth, end_at=("epoch", 3), keep=True, loader_count=2, timeout_sec=20)
+    out, kept, _ = run(groups=group, depth=depth, end_at=("epoch", 3), keep=True, loader_count=2, timeout_sec=slack_int(20))
     assert len(kept) == 30
     for described, batch in zip(out, kept):
         assert describe(batch) == described  # memory under kept batches was never reused
@@ -325,10 +326,10 @@ def test_a_trivial_job_runs_a_hundred_times_without_a_stall():
     group = DataGroup(64, range(8192), loader_arrays={"x": ((1,), np.float32, jnp.float32)})
     started = time.monotonic()
     for attempt in range(100):
-        with Dataloader(load_trivial, group, end_at=("epoch", 1), loader_count=2, depth=4, timeout_sec=10) as dl:
+        with Dataloader(load_trivial, group, end_at=("epoch", 1), loader_count=2, depth=4, timeout_sec=slack_int(10)) as dl:
             count = sum(1 for _ in dl)
         assert count == 128, f"run {attempt} delivered {count} batches"
-    assert time.monotonic() - started < 240
+    assert time.monotonic() - started < slack(240)  # about 8 s idle; stalls of seconds, each short of the timeout, add up here
 
 
 # -- lifecycle -----------------------------------------------------------------------------------
@@ -403,12 +404,16 @@ def test_idle_time_counts_blocking_waits_only():
 
 
 def test_a_stuck_item_times_out_with_a_message_naming_it():
+    # Long enough for the first batch (items 0 and 1) to come on a busy machine: the timeout must be
+    # the stuck item's; and then the run must end by it, well before the item's 120 s are up.
+    timeout = slack_int(1)
     started = time.monotonic()
-    with pytest.raises(BatchTimeoutError, match=r"no batches have been produced in 1 seconds(.|\n)*item 3 \(3\) of training group 0"):
-        with Dataloader(load_stuck, DataGroup(2, range(8), loader_arrays=ARRAYS, shuffle_later="repeat"), loader_count=1, timeout_sec=1) as dl:
+    with pytest.raises(BatchTimeoutError, match=rf"no batches have been produced in {timeout} seconds(.|\n)*item 3 \(3\) of training group 0"):
+        with Dataloader(load_stuck, DataGroup(2, range(8), loader_arrays=ARRAYS, shuffle_later="repeat"), loader_count=1,
+                        timeout_sec=timeout) as dl:
             for batch in dl:
                 del batch
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < timeout + slack(9)
 
 
 def place_aliasing(arrays, layouts, additional, group):
@@ -419,8 +424,9 @@ def place_aliasing(arrays, layouts, additional, group):
 def test_a_timeout_with_every_slot_held_says_so():
     group = DataGroup(2, range(40), loader_arrays={"x": ((1,), np.float32, jnp.float32)})
     kept = []
+    # the timeout must not come before the two batches that take the slots, on a busy machine too
     with pytest.raises(BatchTimeoutError, match="all 2 batch slots are held by batches still referenced"):
-        with Dataloader(load_trivial, group, end_at=("epoch", 1), placement_func=place_aliasing, depth=2, timeout_sec=1) as dl:
+        with Dataloader(load_trivial, group, end_at=("epoch", 1), placement_func=place_aliasing, depth=2, timeout_sec=slack_int(1)) as dl:
             for batch in dl:
                 kept.append(batch)  # a custom placement that aliases, and a loop that keeps everything
     assert len(kept) == 2

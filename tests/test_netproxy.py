@@ -11,19 +11,21 @@ import time
 import pytest
 
 from support.netproxy import Fault, Proxy, s3_error
+from support.timing import slack
 
 botocore_exceptions = pytest.importorskip("botocore.exceptions")
 
 KEYS = {"region_name": "us-east-1", "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
-def s3_client(url, attempts=3, read_timeout=10, pool=10):
+def s3_client(url, attempts=3, read_timeout=None, pool=10):
+    """A boto3 client of ``url``; with a short ``read_timeout`` only for requests meant to time out."""
     import boto3
     from botocore.config import Config
 
     return boto3.client("s3", endpoint_url=url, **KEYS, config=Config(
-        retries={"total_max_attempts": attempts, "mode": "standard"}, connect_timeout=2, read_timeout=read_timeout,
-        max_pool_connections=pool))
+        retries={"total_max_attempts": attempts, "mode": "standard"}, connect_timeout=slack(2),
+        read_timeout=slack(10) if read_timeout is None else read_timeout, max_pool_connections=pool))
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +70,40 @@ def test_the_delay_is_per_request_on_a_kept_alive_connection(store):
         assert proxy.requests == 8 and proxy.methods == {"GET": 8}
 
 
+def wait_until(condition, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + slack(seconds)
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {slack(seconds):.0f} s"
+        time.sleep(0.01)
+
+
 def test_concurrent_requests_are_delayed_together(store):
+    # Counted, not timed (a timing failed on a busy machine): fifty requests held for an hour each
+    # are all in the proxy at once, and a request that comes after them is answered meanwhile. A
+    # proxy that delayed one request at a time, or blocked its loop while one waited, could not.
     port, _ = store
     with Proxy("127.0.0.1", port, delay=0.05) as proxy:
+        held = s3_client(proxy.url, attempts=1, read_timeout=3600, pool=50)
+        proxy.delay_next(50, 3600, match=r"/data/tiny/")
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            waiting = [pool.submit(held.get_object, Bucket="data", Key=f"tiny/{i % 10}") for i in range(50)]
+            try:
+                wait_until(lambda: proxy.fired["delay"] == 50, "the fifty held requests never all reached the proxy")
+                assert s3_client(proxy.url).get_object(Bucket="data", Key="small")["Body"].read() == b"s" * 1000
+                assert not any(future.done() for future in waiting)
+                assert len({r.connection for r in proxy.requests_matching(r"/data/tiny/")}) == 50
+            finally:
+                proxy.down("reset")  # lets the held ones go (their connections drop), pass or fail
+            for future in waiting:
+                assert isinstance(future.exception(timeout=slack(30)), botocore_exceptions.BotoCoreError)
+        proxy.up()
+        proxy.clear()
         client = s3_client(proxy.url, pool=50)
-        client.head_object(Bucket="data", Key="small")  # the client's set-up, out of the timing
-        started = time.monotonic()
-        for i in range(5):
-            client.get_object(Bucket="data", Key=f"tiny/{i}")["Body"].read()
-        one = (time.monotonic() - started) / 5  # a request, one at a time, on this machine now
-        started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             bodies = list(pool.map(lambda i: client.get_object(Bucket="data", Key=f"tiny/{i % 10}")["Body"].read(),
                                    range(50)))
-        took = time.monotonic() - started
         assert bodies == [b"%d" % (i % 10) for i in range(50)]
-        assert took < 50 * one / 2, (took, one)  # serially it would take 50 times one, 2.5 s at least
-        assert proxy.methods["GET"] == 5 + 50 and proxy.connections > 1
+        assert proxy.methods["GET"] == 50 and proxy.connections > 1
 
 
 def test_counters_and_the_log(store):
@@ -183,7 +202,7 @@ def test_a_hook_targets_ranged_reads(store):
 def test_down_and_up(store):
     port, _ = store
     with Proxy("127.0.0.1", port, delay=0) as proxy:
-        client = s3_client(proxy.url, attempts=1, read_timeout=0.3)
+        client = s3_client(proxy.url, attempts=1)
         assert client.get_object(Bucket="data", Key="small")["Body"].read()
         proxy.down()  # the port closes
         with pytest.raises(botocore_exceptions.EndpointConnectionError):
@@ -195,7 +214,7 @@ def test_down_and_up(store):
             client.get_object(Bucket="data", Key="small")
         proxy.down("hang")
         with pytest.raises(botocore_exceptions.ReadTimeoutError):
-            client.get_object(Bucket="data", Key="small")
+            s3_client(proxy.url, attempts=1, read_timeout=0.3).get_object(Bucket="data", Key="small")
         proxy.up()
         assert client.get_object(Bucket="data", Key="small")["Body"].read()
         assert proxy.fired["down"] >= 2
@@ -215,11 +234,15 @@ class _Upstream(http.server.BaseHTTPRequestHandler):
     """Answers GET /chunked in chunks, GET /eof delimited by closing, and echoes POST bodies."""
 
     protocol_version = "HTTP/1.1"
+    #: a Barrier that every plain GET waits at before it is answered, when set
+    together: threading.Barrier | None = None
 
     def log_message(self, *args):
         pass
 
     def do_GET(self):
+        if self.together is not None and self.path not in ("/chunked", "/eof"):
+            self.together.wait()
         if self.path == "/chunked":
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -279,7 +302,7 @@ def http_upstream():
 
 def test_chunked_and_close_delimited_bodies_on_one_connection(http_upstream):
     with Proxy("127.0.0.1", http_upstream, delay=0) as proxy:
-        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=slack(5))
         conn.request("GET", "/chunked")
         assert conn.getresponse().read() == b"hello chunked world"
         conn.request("POST", "/echo", body=iter([b"abc", b"defg"]), encode_chunked=True)
@@ -298,7 +321,7 @@ def test_chunked_and_close_delimited_bodies_on_one_connection(http_upstream):
 
 def test_pipelined_requests_are_answered_in_order(http_upstream):
     with Proxy("127.0.0.1", http_upstream, delay=0.02) as proxy:
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=slack(5)) as sock:
             sock.sendall(b"".join(b"GET /p%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(3)))
             reader = sock.makefile("rb")
             for i in range(3):
@@ -315,15 +338,19 @@ def test_pipelined_requests_are_answered_in_order(http_upstream):
 def test_hundreds_of_connections(http_upstream):
     with Proxy("127.0.0.1", http_upstream, delay=0.1) as proxy:
         def fetch(i):
-            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=slack(90))
             try:
                 conn.request("GET", f"/n{i}")
                 return conn.getresponse().read()
             finally:
                 conn.close()
 
-        started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(200) as pool:
-            assert list(pool.map(fetch, range(200))) == [b"/n%d" % i for i in range(200)]
-        assert time.monotonic() - started < 200 * 0.1 / 4
+        # the upstream answers none of them before all 200 are there: the proxy carries them at once
+        # (counted, not timed: a timing failed on a busy machine)
+        _Upstream.together = threading.Barrier(200, timeout=slack(60))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(200) as pool:
+                assert list(pool.map(fetch, range(200))) == [b"/n%d" % i for i in range(200)]
+        finally:
+            _Upstream.together = None
         assert proxy.connections == 200

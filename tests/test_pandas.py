@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 import pandas as pd
 import pytest
+from support.timing import slack_int
 
 from hydrax import DataGroup, Dataloader
 from hydrax.pandas import RowData
@@ -113,7 +114,7 @@ def test_row_data_drives_a_dataloader():
     group = DataGroup(4, RowData(frame), loader_arrays=SPECS)  # 2 batches, 2 rows dropped per epoch
     assert group.batch_count == 2
     seen = []
-    with Dataloader(load_row, group, loader_count=2, end_at=("epoch", 2), timeout_sec=20) as loader:
+    with Dataloader(load_row, group, loader_count=2, end_at=("epoch", 2), timeout_sec=slack_int(20)) as loader:
         for batch in loader:
             positions = list(batch.indices)
             expected = frame.iloc[positions]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.proctable import live_processes
+from support.timing import slack
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
@@ -34,7 +35,7 @@ def environment(**extra) -> dict:
 
 def run_script(name, *args, timeout=60, cwd=None, **env):
     return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=environment(**env))
+                          timeout=slack(timeout), cwd=cwd, env=environment(**env))
 
 
 def last_json(result) -> dict:
@@ -69,7 +70,7 @@ def test_module_level_jax_distributed_initialize_runs_once_per_process(tmp_path)
     outputs = []
     try:
         for proc in procs:
-            stdout, stderr = proc.communicate(timeout=90)
+            stdout, stderr = proc.communicate(timeout=slack(90))
             assert proc.returncode == 0, stderr[-4000:]
             outputs.append(json.loads(stdout.strip().splitlines()[-1]))
     finally:
@@ -135,9 +136,9 @@ def test_nothing_outlives_a_killed_main_process_while_workers_are_busy(tmp_path,
     session = process.pid
     try:
         lines = lines_of(process.stdout)
-        line = lines.get(timeout=60)
+        line = lines.get(timeout=slack(60))
         assert line == f"METHOD {method}\n", line
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + slack(30)
         while len(os.listdir(tmp_path)) < 2:  # both workers inside a long item
             assert time.monotonic() < deadline and process.poll() is None, "the workers never got busy"
             time.sleep(0.02)
@@ -145,8 +146,8 @@ def test_nothing_outlives_a_killed_main_process_while_workers_are_busy(tmp_path,
         before = session_processes(session)
         assert busy <= set(before) and len(before) >= (5 if method == "forkserver" else 3)  # + server and tracker
         os.kill(process.pid, getattr(signal, sig))
-        process.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        process.wait(timeout=slack(10))
+        deadline = time.monotonic() + slack(5)  # the kernel kills them with their parent: at once
         while session_processes(session) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert session_processes(session) == [], f"left running after {sig} of the main process"

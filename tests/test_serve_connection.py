@@ -25,6 +25,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from support.timing import slack, slack_int
 
 from hydrax import tenbin
 from hydrax.errors import MessageError, PeerTimeoutError, ServeError
@@ -105,7 +106,7 @@ def _cmd_tc_send(inbox, url, batches, multipart=True, warmup=False):
     c = zcom.Connection(url, multipart=multipart)
     try:
         if warmup:  # tensorcom's PUB drops everything sent before a subscriber has joined
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + slack(20)
             while True:
                 try:
                     if inbox.get_nowait() == "seen":
@@ -119,7 +120,7 @@ def _cmd_tc_send(inbox, url, batches, multipart=True, warmup=False):
         for b in batches:
             c.send(b)
         # tensorcom's LINGER=0 drops what is still queued at close: wait until the test has it all
-        if _signal(inbox, 30) != "done":
+        if _signal(inbox, slack(30)) != "done":
             raise TimeoutError("the test never said done")
     finally:
         c.close()
@@ -237,17 +238,18 @@ class Peer:
     def signal(self, cid: int, what: str) -> None:
         self.pipe.send((cid, "signal", what))
 
-    def reply(self, cid: int, timeout: float = 30.0) -> tuple[str, object]:
+    def reply(self, cid: int, timeout: float | None = None) -> tuple[str, object]:
+        timeout = slack(30) if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while cid not in self._replies:
             left = deadline - time.monotonic()
             if left <= 0 or not self.pipe.poll(left):
-                raise TimeoutError(f"the peer did not finish command {cid} in {timeout} s")
+                raise TimeoutError(f"the peer did not finish command {cid} in {timeout:.0f} s")
             got = self.pipe.recv()
             self._replies[got[0]] = got[1:]
         return self._replies.pop(cid)
 
-    def result(self, cid: int, timeout: float = 30.0):
+    def result(self, cid: int, timeout: float | None = None):
         status, value = self.reply(cid, timeout)
         assert status == "ok", f"the peer's command failed: {value}"
         return value
@@ -309,7 +311,7 @@ def test_tensorcom_sends_and_hydrax_receives_every_url_kind(peers, ipc_dir, tran
         for multipart in (True, False):
             where = places(transport, ipc_dir, f"{send_kind}{int(multipart)}")
             pubsub = "pub" in send_kind
-            with Connection(endpoint(recv_kind, transport, where), timeout=10) as consumer:
+            with Connection(endpoint(recv_kind, transport, where), timeout=slack(10)) as consumer:
                 cid = peer.start("tc_send", endpoint(send_kind, transport, where), [batch(0, i) for i in range(n)], multipart, pubsub)
                 got, signalled = [], False
                 while len(got) < n:
@@ -335,10 +337,10 @@ def test_hydrax_sends_and_tensorcom_receives_every_url_kind(peers, ipc_dir, tran
         for multipart in (True, False):
             where = places(transport, ipc_dir, f"{send_kind}{int(multipart)}")
             steps = [("send", batch(0, i), {}) for i in range(n)]
-            kwargs = {"multipart": multipart, "timeout": 10, "subscribers": 1 if "pub" in send_kind else 0}
+            kwargs = {"multipart": multipart, "timeout": slack(10), "subscribers": 1 if "pub" in send_kind else 0}
             tc = zcom.Connection(endpoint(recv_kind, transport, where), multipart=multipart)
             try:
-                tc.socket.setsockopt(zmq.RCVTIMEO, 10000)  # tensorcom itself waits forever
+                tc.socket.setsockopt(zmq.RCVTIMEO, int(slack(10) * 1000))  # tensorcom itself waits forever
                 cid = peer.start("hx_send", endpoint(send_kind, transport, where), steps, kwargs)
                 got = [tc.recv() for _ in range(n)]
                 assert peer.result(cid) == n
@@ -356,7 +358,7 @@ def test_a_brace_range_binds_every_port_and_takes_batches_from_both(peers, sende
         pytest.importorskip("tensorcom.zcom")
     p = consecutive_ports()
     n = 8
-    with Connection(f"zpull://127.0.0.1:{{{p}..{p + 1}}}", timeout=10) as consumer:
+    with Connection(f"zpull://127.0.0.1:{{{p}..{p + 1}}}", timeout=slack(10)) as consumer:
         assert [e.address for e in consumer.endpoints] == [f"tcp://127.0.0.1:{p}", f"tcp://127.0.0.1:{p + 1}"]
         producers = peers(2)
         cids = []
@@ -364,7 +366,7 @@ def test_a_brace_range_binds_every_port_and_takes_batches_from_both(peers, sende
             url = f"zpush://127.0.0.1:{p + k}"
             batches = [batch(k, i) for i in range(n)]
             if sender == "hydrax":
-                cids.append(peer.start("hx_send", url, [("send", b, {}) for b in batches], {"timeout": 10}))
+                cids.append(peer.start("hx_send", url, [("send", b, {}) for b in batches], {"timeout": slack(10)}))
             else:
                 cids.append(peer.start("tc_send", url, batches))
         got = [consumer.recv() for _ in range(2 * n)]
@@ -384,10 +386,10 @@ def test_a_brace_range_binds_every_port_and_takes_batches_from_both(peers, sende
 def test_a_hydrax_consumer_ends_after_both_producers_end_markers(peers):
     port = free_port()
     n = 10
-    with Connection(f"zpull://127.0.0.1:{port}", protocol="hydrax", producers=2, timeout=10) as consumer:
+    with Connection(f"zpull://127.0.0.1:{port}", protocol="hydrax", producers=2, timeout=slack(10)) as consumer:
         producers = peers(2)
         cids = [peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", batch(k, i), {}) for i in range(n)],
-                           {"protocol": "hydrax", "timeout": 10})
+                           {"protocol": "hydrax", "timeout": slack(10)})
                 for k, peer in enumerate(producers)]
         messages = list(consumer.messages())
         for peer, cid in zip(producers, cids):
@@ -406,9 +408,9 @@ def test_a_hydrax_consumer_ends_after_both_producers_end_markers(peers):
 def test_a_producer_that_fails_tells_its_consumer_why(peers):
     (peer,) = peers(1)
     port = free_port()
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=10) as consumer:
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(10)) as consumer:
         steps = [("send", batch(0, 0), {}), ("send", [np.arange(3, dtype=np.int64)], {})]  # 64-bit without allow64
-        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", steps, {"protocol": "hydrax", "timeout": 10})
+        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", steps, {"protocol": "hydrax", "timeout": slack(10)})
         assert_batch(consumer.recv(), 0, 0)
         with pytest.raises(ServeError, match="failed: TypeError: array 0 is int64") as caught:
             consumer.recv()
@@ -423,17 +425,17 @@ def test_a_push_fan_out_ends_every_consumer_even_a_slow_one(peers):
     port = free_port()
     n = 40
     consumers = peers(2)
-    cids = [peer.start("hx_recv", f"zrpull://127.0.0.1:{port}", {"timeout": 10, "hwm": 2}, delay)
+    cids = [peer.start("hx_recv", f"zrpull://127.0.0.1:{port}", {"timeout": slack(10), "hwm": 2}, delay)
             for peer, delay in zip(consumers, (0.0, 0.02))]
     started = time.monotonic()
-    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", hwm=2, timeout=10) as producer:
-        deadline = time.monotonic() + 10
+    with Connection(f"zrpush://127.0.0.1:{port}", protocol="hydrax", hwm=2, timeout=slack(10)) as producer:
+        deadline = time.monotonic() + slack(10)
         while producer.peers < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
         for i in range(n):
             producer.send(batch(0, i))
     got = [peer.result(cid) for peer, cid in zip(consumers, cids)]
-    assert time.monotonic() - started < 9  # ended by the markers, not by a timeout
+    assert time.monotonic() - started < slack(9)  # ended by the markers, not by the consumers' timeout
     data = [ident(m["arrays"]) for g in got for m in g if m["kind"] == DATA]
     assert sorted(data) == [(0, i) for i in range(n)]
     assert all(len([m for m in g if m["kind"] == DATA]) > 0 for g in got)
@@ -446,9 +448,9 @@ def test_every_subscriber_gets_every_batch_in_order_and_ends(peers):
     n = 40
     subscribers = peers(2)
     # the second subscriber is slow: a PUB would drop for it; hydrax's publisher waits instead
-    cids = [peer.start("hx_recv", f"zsub://127.0.0.1:{port}", {"timeout": 10, "hwm": 2}, delay)
+    cids = [peer.start("hx_recv", f"zsub://127.0.0.1:{port}", {"timeout": slack(10), "hwm": 2}, delay)
             for peer, delay in zip(subscribers, (0.0, 0.01))]
-    with Connection(f"zpub://127.0.0.1:{port}", protocol="hydrax", subscribers=2, hwm=2, timeout=10) as publisher:
+    with Connection(f"zpub://127.0.0.1:{port}", protocol="hydrax", subscribers=2, hwm=2, timeout=slack(10)) as publisher:
         for i in range(n):
             publisher.send(batch(0, i), epoch=0, batch=i)
         publisher.mark(EPOCH_END, epoch=0)
@@ -468,10 +470,10 @@ def test_a_subscriber_of_one_topic_gets_only_that_topic_and_ends(peers):
     n = 10
     (peer,) = peers(1)
     url = f"zsub://127.0.0.1:{port}"
-    cids = [peer.start("hx_recv", url, {"timeout": 10, "topic": "validation"}),
-            peer.start("hx_recv", url + "#validation", {"timeout": 10}),
-            peer.start("hx_recv", url, {"timeout": 10})]
-    with Connection(f"zpub://127.0.0.1:{port}", protocol="hydrax", topic="train", subscribers=3, timeout=10) as publisher:
+    cids = [peer.start("hx_recv", url, {"timeout": slack(10), "topic": "validation"}),
+            peer.start("hx_recv", url + "#validation", {"timeout": slack(10)}),
+            peer.start("hx_recv", url, {"timeout": slack(10)})]
+    with Connection(f"zpub://127.0.0.1:{port}", protocol="hydrax", topic="train", subscribers=3, timeout=slack(10)) as publisher:
         for i in range(n):
             publisher.send(batch(0, i), topic="validation" if i % 3 == 0 else None)
     validation = [i for i in range(n) if i % 3 == 0]
@@ -491,7 +493,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_serve_connection import batch
 from hydrax.serve import Connection
-connection = Connection({url!r}, protocol={protocol!r}, timeout=20)
+connection = Connection({url!r}, protocol={protocol!r}, timeout={timeout})
 for i in range(20):
     connection.send(batch(0, i))
 {ending}
@@ -502,11 +504,11 @@ for i in range(20):
 def test_a_producer_that_exits_right_after_sending_loses_nothing(ending):
     port = free_port()
     protocol = "tensorcom" if "close()" in ending else "hydrax"
-    with Connection(f"zpull://127.0.0.1:{port}", protocol=protocol, timeout=10) as consumer:
-        script = PRODUCER_SCRIPT.format(tests=TESTS, url=f"zpush://127.0.0.1:{port}", protocol=protocol, ending=ending)
+    with Connection(f"zpull://127.0.0.1:{port}", protocol=protocol, timeout=slack(10)) as consumer:
+        script = PRODUCER_SCRIPT.format(tests=TESTS, url=f"zpush://127.0.0.1:{port}", protocol=protocol, ending=ending, timeout=slack(20))
         proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
         try:
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=slack(30))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -526,7 +528,7 @@ def test_a_producer_that_exits_right_after_sending_loses_nothing(ending):
 def flood_a_stalled_consumer(peer, port: int, megabytes: int, consumer_hwm: int, options: dict):
     """``peer`` floods ``port`` with fresh batches; this consumer takes one, then stops reading.
     The batch taken, the producer's peak RSS growth (kB) until its send failed, and its result."""
-    with Connection(f"zpull://127.0.0.1:{port}", hwm=consumer_hwm, timeout=10) as consumer:
+    with Connection(f"zpull://127.0.0.1:{port}", hwm=consumer_hwm, timeout=slack(10)) as consumer:
         baseline = rss_kb(peer.pid)
         cid = peer.start("flood", f"zpush://127.0.0.1:{port}", megabytes, options)
         first = consumer.recv()  # connected and flowing; now this consumer stops reading
@@ -548,7 +550,7 @@ def test_a_producer_to_a_stalled_consumer_blocks_in_bounded_memory_then_times_ou
     limit = (2 * hwm + 4) * megabytes * 1024
     assert growth < limit, f"the producer grew by {growth // 1024} MB"
     assert result["sent"] < 40
-    assert 2.9 <= result["blocked"] < 5.0
+    assert 2.9 <= result["blocked"] < 3 + slack(2)  # its 3 s timeout, and no more
     assert f"zpush://127.0.0.1:{port}" in result["error"]
 
 
@@ -562,7 +564,7 @@ def test_a_memory_budget_bounds_the_producer_whatever_the_hwm(peers):
     _, growth, result = flood_a_stalled_consumer(peer, port, megabytes, 2, {"hwm": 1000, "timeout": 3, "max_queued_bytes": 30 << 20})
     assert growth < 6 * megabytes * 1024, f"the producer grew by {growth // 1024} MB"
     assert result["sent"] < 20
-    assert "queued batches" in result["error"] and 2.9 <= result["blocked"] < 5.0
+    assert "queued batches" in result["error"] and 2.9 <= result["blocked"] < 3 + slack(2)
 
 
 # -- 7. timeouts -----------------------------------------------------------------------------------
@@ -574,7 +576,7 @@ def test_a_consumer_with_no_producer_times_out_naming_the_url():
         with pytest.raises(PeerTimeoutError, match=re.escape(url)) as caught:
             consumer.recv()
         elapsed = time.monotonic() - start
-    assert 0.9 <= elapsed < 3.0
+    assert 0.9 <= elapsed < 1 + slack(2)  # its 1 s timeout, and no more
     assert caught.value.url == url
     assert isinstance(caught.value, TimeoutError)
     Connection(url, timeout=7200).close()  # hours are a valid timeout (libzmq caps its heartbeat TTL)
@@ -584,8 +586,9 @@ def test_a_consumer_with_no_producer_times_out_naming_the_url():
 def test_a_consumer_of_a_killed_producer_times_out_instead_of_hanging(peers):
     port = free_port()
     (peer,) = peers(1)
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=2) as consumer:
-        peer.start("trickle", f"zpush://127.0.0.1:{port}", {"timeout": 10})
+    timeout = slack(2)  # the first five batches must come within it on a busy machine too
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=timeout) as consumer:
+        peer.start("trickle", f"zpush://127.0.0.1:{port}", {"timeout": slack(10)})
         for i in range(5):
             assert ident(consumer.recv()) == (0, i)
         os.kill(peer.pid, signal.SIGKILL)
@@ -593,7 +596,7 @@ def test_a_consumer_of_a_killed_producer_times_out_instead_of_hanging(peers):
         with pytest.raises(PeerTimeoutError):
             while True:
                 consumer.recv()
-        assert time.monotonic() - killed < 2 + 1.5
+        assert time.monotonic() - killed < timeout + slack(1.5)
     peer.process.join(10)
 
 
@@ -634,7 +637,7 @@ def test_malformed_and_oversize_messages_are_skipped_or_raised_and_the_stream_go
     push = context.socket(zmq.PUSH)
     oversize = context.socket(zmq.PUSH)
     try:
-        with Connection(f"zpull://127.0.0.1:{port}", timeout=5, max_message_bytes=300_000, on_bad_message=on_bad_message,
+        with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(5), max_message_bytes=300_000, on_bad_message=on_bad_message,
                         aligned=aligned) as consumer:
             for s in (push, oversize):
                 s.setsockopt(zmq.LINGER, 0)
@@ -675,7 +678,7 @@ def test_malformed_and_oversize_messages_are_skipped_or_raised_and_the_stream_go
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child touches only the Connection, and has a deadline
 def test_a_connection_used_in_a_forked_child_raises_and_closing_it_there_spares_the_parent():
     port = free_port()
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=5) as consumer:
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(5)) as consumer:
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: report, and leave without any cleanup
@@ -697,7 +700,7 @@ def test_a_connection_used_in_a_forked_child_raises_and_closing_it_there_spares_
             finally:
                 os._exit(code)
         os.close(write)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + slack(20)
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -736,9 +739,9 @@ def test_curve_encrypts_and_only_admits_clients_with_the_right_keys(peers):
     # any client that knows the server's key
     port = free_port()
     cid = peer.start("hx_send", f"zrpush://127.0.0.1:{port}", steps,
-                     {"timeout": 10, "curve": Curve(server_public, server_secret)})
+                     {"timeout": slack(10), "curve": Curve(server_public, server_secret)})
     client = Curve(client_public, client_secret, server_key=server_public)
-    with Connection(f"zrpull://127.0.0.1:{port}", timeout=10, curve=client) as consumer:
+    with Connection(f"zrpull://127.0.0.1:{port}", timeout=slack(10), curve=client) as consumer:
         got = [consumer.recv() for _ in range(n)]
     assert [ident(a) for a in got] == [(0, i) for i in range(n)]
     assert peer.result(cid) == n
@@ -757,10 +760,10 @@ def test_curve_encrypts_and_only_admits_clients_with_the_right_keys(peers):
     # with authorized keys, only those clients get batches
     port = free_port()
     cid = peer.start("hx_send", f"zrpush://127.0.0.1:{port}", steps,
-                     {"timeout": 10, "curve": Curve(server_public, server_secret, authorized=[client_public])})
+                     {"timeout": slack(10), "curve": Curve(server_public, server_secret, authorized=[client_public])})
     stranger = Curve(other_public, other_secret, server_key=server_public)
     with Connection(f"zrpull://127.0.0.1:{port}", timeout=1.5, curve=stranger) as outsider, \
-            Connection(f"zrpull://127.0.0.1:{port}", timeout=10, curve=client) as insider:
+            Connection(f"zrpull://127.0.0.1:{port}", timeout=slack(10), curve=client) as insider:
         got = [insider.recv() for _ in range(n)]
         with pytest.raises(PeerTimeoutError):
             outsider.recv()
@@ -787,11 +790,11 @@ def test_serve_sends_a_dataloaders_batches_with_epochs_markers_and_an_end(peers)
 
     port = free_port()
     (peer,) = peers(1)
-    cid = peer.start("hx_recv", f"zpull://127.0.0.1:{port}", {"timeout": 20})
+    cid = peer.start("hx_recv", f"zpull://127.0.0.1:{port}", {"timeout": slack(20)})
     train = DataGroup(4, list(range(100, 112)), loader_arrays=_arrays_spec(), seed=5)
     valid = DataGroup(4, list(range(500, 508)), loader_arrays=_arrays_spec())
-    dataloader = Dataloader(_load, train, validation=("epoch", 1, valid), end_at=("epoch", 2), loader_count=1, timeout_sec=30)
-    report = serve(dataloader, f"zpush://127.0.0.1:{port}", timeout=20)
+    dataloader = Dataloader(_load, train, validation=("epoch", 1, valid), end_at=("epoch", 2), loader_count=1, timeout_sec=slack_int(30))
+    report = serve(dataloader, f"zpush://127.0.0.1:{port}", timeout=slack(20))
     got = peer.result(cid)
     assert got[-1]["kind"] == "stats" and got[-1]["bad"] == 0
     messages = got[:-1]
@@ -846,11 +849,11 @@ def test_serve_sends_from_the_slots_and_never_sends_a_reused_slot():
     peer = Peer()
     try:
         assert peer.result(0) == "ready"
-        cid = peer.start("hx_recv", f"zpull://127.0.0.1:{port}", {"timeout": 20, "hwm": 1}, 0.02)
+        cid = peer.start("hx_recv", f"zpull://127.0.0.1:{port}", {"timeout": slack(20), "hwm": 1}, 0.02)
         spec = {"img": ((128, 160), np.uint8, jnp.uint8)}  # 80 KB a row, 320 KB a batch
         group = DataGroup(4, list(range(40)), loader_arrays=spec)
-        dataloader = Dataloader(_load_image, group, end_at=("epoch", 1), depth=2, loader_count=1, timeout_sec=30)
-        serve(dataloader, f"zpush://127.0.0.1:{port}", hwm=1, timeout=20)
+        dataloader = Dataloader(_load_image, group, end_at=("epoch", 1), depth=2, loader_count=1, timeout_sec=slack_int(30))
+        serve(dataloader, f"zpush://127.0.0.1:{port}", hwm=1, timeout=slack(20))
         got = peer.result(cid)
     finally:
         peer.close()
@@ -870,7 +873,7 @@ def test_batch_arrays_are_views_of_the_slot_memory():
     from hydrax.serve.producer import batch_arrays, batch_fields
 
     group = DataGroup(4, list(range(8)), loader_arrays=_arrays_spec())
-    with Dataloader(_load, group, end_at=("epoch", 1), loader_count=1, timeout_sec=30) as dataloader:
+    with Dataloader(_load, group, end_at=("epoch", 1), loader_count=1, timeout_sec=slack_int(30)) as dataloader:
         for b in dataloader:
             views, names = batch_arrays(b)
             assert names == ["item", "vec"]
@@ -905,9 +908,9 @@ def test_default_receive_views_zeromq_frames_and_aligned_receive_starts_on_64_by
     arrays = _every_dtype()
     for aligned in (False, True):
         port = free_port()
-        with Connection(f"zpull://127.0.0.1:{port}", timeout=10, aligned=aligned) as consumer:
+        with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(10), aligned=aligned) as consumer:
             cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", arrays, {"allow64": True})] * 2,
-                             {"timeout": 10})
+                             {"timeout": slack(10)})
             for _ in range(2):
                 got = consumer.recv()
                 assert len(got) == len(arrays)
@@ -926,9 +929,9 @@ def test_jax_output_gives_equal_jax_arrays(peers):
 
     (peer,) = peers(1)
     port = free_port()
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=10, output="jax") as consumer:
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(10), output="jax") as consumer:
         assert consumer.aligned
-        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", batch(0, i), {}) for i in range(3)], {"timeout": 10})
+        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", batch(0, i), {}) for i in range(3)], {"timeout": slack(10)})
         for i in range(3):
             got = consumer.recv()
             assert all(isinstance(g, jax.Array) for g in got)
@@ -941,8 +944,8 @@ def test_jax_output_gives_equal_jax_arrays(peers):
 def test_total_stops_iteration_and_statistics_summarise(peers):
     (peer,) = peers(1)
     port = free_port()
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=10, total=7) as consumer:
-        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", batch(0, i), {}) for i in range(5)], {"timeout": 10})
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(10), total=7) as consumer:
+        cid = peer.start("hx_send", f"zpush://127.0.0.1:{port}", [("send", batch(0, i), {}) for i in range(5)], {"timeout": slack(10)})
         got = list(consumer)
         assert [ident(a) for a in got] == [(0, 0), (0, 1), (0, 2)]  # 3 samples each: 9 >= 7
         assert consumer.count == 9 and consumer.batch_size == 3

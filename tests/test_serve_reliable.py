@@ -21,6 +21,7 @@ from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
 from hydrax.serve import Collector, Curve, curve_keypair
 from support.serve_share_job import make_loader
+from support.timing import slack
 
 JOB = str(Path(__file__).resolve().parent / "support" / "serve_share_job.py")
 ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu")
@@ -71,7 +72,7 @@ def remote_row(message) -> tuple:
 def finish(processes) -> None:
     for p in processes:
         try:
-            out, err = p.communicate(timeout=60)
+            out, err = p.communicate(timeout=slack(60))
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
@@ -88,7 +89,7 @@ def test_stream_positions_split_the_stream():
 def test_remote_run_equals_local_run(shares):
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, shares) for k in range(shares)]
-    with Collector(url.replace("zpush", "zpull"), shares, timeout=60, schema=SCHEMA) as collector:
+    with Collector(url.replace("zpush", "zpull"), shares, timeout=slack(60), schema=SCHEMA) as collector:
         rows = [remote_row(m) for m in collector.messages()]
         assert collector.duplicates == 0
     finish(processes)
@@ -100,7 +101,7 @@ def test_remote_run_equals_local_run(shares):
 def test_resume_at_epoch_batch_equals_local_run():
     url = f"zpush://127.0.0.1:{free_port()}"
     processes = [producer(url, k, 2, start=(1, 3)) for k in range(2)]
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=60) as collector:
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(60)) as collector:
         rows = [remote_row(m) for m in collector.messages()]
     finish(processes)
     local = local_run((1, 3))
@@ -114,16 +115,16 @@ def test_sigkilled_producer_restarts_and_nothing_is_lost_or_repeated():
     processes = [producer(url, 0, 2, delay=0.01), producer(url, 1, 2, delay=0.01)]
     rows = []
     killed = False
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=60, credit=2) as collector:
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(60), credit=2) as collector:
         for message in collector.messages():
             rows.append(remote_row(message))
             if len(rows) == 7 and not killed:
                 processes[1].send_signal(signal.SIGKILL)
-                processes[1].wait(10)
+                processes[1].wait(slack(10))
                 killed = True
                 processes.append(producer(url, 1, 2))  # its replacement resumes where share 1 stopped
     replacement = processes[-1]
-    out, _ = replacement.communicate(timeout=60)
+    out, _ = replacement.communicate(timeout=slack(60))
     finish(processes[:-1])
     assert killed
     assert rows == local_run()
@@ -137,12 +138,13 @@ def test_a_share_that_never_comes_is_an_error_not_a_hang():
     url = f"zpush://127.0.0.1:{free_port()}"
     process = ready(producer(url, 0, 2))
     try:
+        # long enough for share 0, which is there, to be heard from on a busy machine too
         started = time.monotonic()
-        with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+        with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(5)) as collector:
             with pytest.raises(PeerTimeoutError, match="share 1 .never connected"):
                 for _ in collector.messages():
                     pass
-        assert time.monotonic() - started < 30
+        assert time.monotonic() - started < slack(30)
     finally:
         process.kill()
         process.communicate()
@@ -153,11 +155,12 @@ def test_a_producer_for_another_split_is_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
     wrong = ready(producer(url, 0, 3))
     try:
-        with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+        # open long enough for the wrong producer to connect and be refused, on a busy machine too
+        with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(5)) as collector:
             with pytest.raises(PeerTimeoutError):
                 for _ in collector.messages():
                     pass
-        _, err = wrong.communicate(timeout=60)
+        _, err = wrong.communicate(timeout=slack(60))
     finally:
         wrong.kill()
     assert wrong.returncode != 0
@@ -169,7 +172,7 @@ def test_a_share_sending_other_arrays_fails_the_collector():
     url = f"zpush://127.0.0.1:{free_port()}"
     process = producer(url, 0, 1)
     wrong = [("item", "int32", (None,)), ("seed", "uint32", (None,)), ("vec", "float64", (None, 3))]
-    with Collector(url.replace("zpush", "zpull"), 1, timeout=30, schema=wrong) as collector:
+    with Collector(url.replace("zpush", "zpull"), 1, timeout=slack(30), schema=wrong) as collector:
         with pytest.raises(SchemaError, match=r"share 0 .* array 2 \('vec'\) is float32, not float64"):
             next(collector.messages())
     process.kill()
@@ -184,7 +187,7 @@ def test_curve_encrypted_shares():
     keys = {"HYDRAX_TEST_CURVE": f"{client_public},{client_secret},{server_public}"}
     process = producer(url, 0, 1, env=keys)
     curve = Curve(server_public, server_secret, authorized=[client_public])
-    with Collector(url.replace("zpush", "zpull"), 1, timeout=60, curve=curve) as collector:
+    with Collector(url.replace("zpush", "zpull"), 1, timeout=slack(60), curve=curve) as collector:
         rows = [remote_row(m) for m in collector.messages()]
     finish([process])
     assert rows == local_run()
@@ -197,12 +200,12 @@ def test_an_interrupted_share_is_left_open_for_its_restart():
     processes = [producer(url, 0, 2, delay=0.01), producer(url, 1, 2)]
     rows = []
     interrupted = False
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=60, credit=1) as collector:
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(60), credit=1) as collector:
         for message in collector.messages():
             rows.append(remote_row(message))
             if len(rows) == 3 and not interrupted:
                 processes[0].send_signal(signal.SIGINT)
-                out, err = processes[0].communicate(timeout=60)
+                out, err = processes[0].communicate(timeout=slack(60))
                 assert "served" in out and "complete False" in out, err[-2000:]
                 interrupted = True
                 processes.append(producer(url, 0, 2))
@@ -214,11 +217,12 @@ def test_an_interrupted_share_is_left_open_for_its_restart():
 def test_shares_of_different_runs_are_refused():
     url = f"zpush://127.0.0.1:{free_port()}"
     shares = [ready(producer(url, 0, 2)), ready(producer(url, 1, 2, env={"HYDRAX_TEST_SEED": "6"}))]  # another shuffle, same sizes
-    with Collector(url.replace("zpush", "zpull"), 2, timeout=5) as collector:
+    # open long enough for both shares to connect and one to be refused, on a busy machine too
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(5)) as collector:
         with pytest.raises(PeerTimeoutError):  # the refused share never comes
             for _ in collector.messages():
                 pass
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + slack(30)
     while all(p.poll() is None for p in shares) and time.monotonic() < deadline:
         time.sleep(0.1)
     refused = [p for p in shares if p.poll() is not None]

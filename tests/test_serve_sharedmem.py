@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from support.timing import slack
 
 from hydrax import tenbin
 from hydrax.errors import MessageError, ServeError
@@ -140,8 +141,8 @@ def test_bad_fields_are_value_errors_and_a_ring_that_cannot_be_mapped_is_a_serve
 
 def _produce(url: str, count: int, options: dict, shared) -> None:
     consumers = options.pop("consumers", 1)
-    with Connection(url, protocol="hydrax", timeout=30, **options) as connection:
-        deadline = time.monotonic() + 30
+    with Connection(url, protocol="hydrax", timeout=slack(30), **options) as connection:
+        deadline = time.monotonic() + slack(30)
         while connection.peers < consumers and time.monotonic() < deadline:  # PUSH gives one that joins late nothing
             time.sleep(0.01)
         for i in range(count):
@@ -161,14 +162,14 @@ def producer(url: str, count: int, **options):
 
 
 def shared_sent(reader) -> int | None:
-    return reader.recv() if reader.poll(10) else None
+    return reader.recv() if reader.poll(slack(10)) else None
 
 
 def test_batches_go_through_shared_memory_zero_copy_and_arrive_in_order():
     url = f"zpush://127.0.0.1:{free_port()}"
     process, shared = producer(url, 40, shared_memory=1 << 20)
     try:
-        with Connection(url.replace("zpush", "zpull"), timeout=30) as consumer:
+        with Connection(url.replace("zpush", "zpull"), timeout=slack(30)) as consumer:
             messages = []
             for message in iter(consumer.recv_message, None):
                 arrays = message.arrays
@@ -179,7 +180,7 @@ def test_batches_go_through_shared_memory_zero_copy_and_arrive_in_order():
                 messages.append(message.batch)
         assert messages == list(range(40))
     finally:
-        process.join(30)
+        process.join(slack(30))
     assert process.exitcode == 0
     assert shared_sent(shared) == 40  # every batch went through the ring
 
@@ -189,13 +190,13 @@ def test_a_consumer_that_keeps_every_batch_never_blocks_its_producer():
     url = f"zpush://127.0.0.1:{free_port()}"
     process, shared = producer(url, 40, shared_memory=16 << 10)
     try:
-        with Connection(url.replace("zpush", "zpull"), timeout=30, protocol="hydrax") as consumer:
+        with Connection(url.replace("zpush", "zpull"), timeout=slack(30), protocol="hydrax") as consumer:
             kept = list(consumer)
         assert len(kept) == 40
         for i, arrays in enumerate(kept):  # nothing that was kept got overwritten
             assert_batch(arrays, i)
     finally:
-        process.join(30)
+        process.join(slack(30))
     assert process.exitcode == 0
     assert 1 <= shared_sent(shared) < 40
 
@@ -205,7 +206,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_serve_sharedmem import batch
 from hydrax.serve import Connection
-connection = Connection({url!r}, protocol="hydrax", timeout=30, linger={linger}, shared_memory=1 << 20)
+connection = Connection({url!r}, protocol="hydrax", timeout={timeout}, linger={linger}, shared_memory=1 << 20)
 for i in range(20):
     connection.send(batch(i), epoch=0, batch=i)
 # no close(): the atexit hook sends the end marker and lets go of the ring only when it may
@@ -213,17 +214,17 @@ for i in range(20):
 
 
 def run_producer(url: str, linger: float):
-    script = PRODUCER_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), url=url, linger=linger)
+    script = PRODUCER_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)), url=url, linger=linger, timeout=slack(30))
     return subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
 
 
 def test_a_producer_that_exits_right_after_sending_loses_nothing():
     url = f"zpush://127.0.0.1:{free_port()}"
-    with Connection(url.replace("zpush", "zpull"), timeout=30, hwm=1000) as consumer:
-        process = run_producer(url, 30)
+    with Connection(url.replace("zpush", "zpull"), timeout=slack(30), hwm=1000) as consumer:
+        process = run_producer(url, slack(30))
         try:
             first = consumer.recv()  # maps the ring
-            _, err = process.communicate(timeout=30)  # gone before the rest is read
+            _, err = process.communicate(timeout=slack(30))  # gone before the rest is read
             assert process.returncode == 0, err
             rest = list(consumer)
         finally:
@@ -236,10 +237,10 @@ def test_a_producer_that_exits_right_after_sending_loses_nothing():
 
 def test_batches_left_unread_after_the_producer_is_gone_raise_not_vanish():
     url = f"zpush://127.0.0.1:{free_port()}"
-    with Connection(url.replace("zpush", "zpull"), timeout=30, hwm=1000) as consumer:
+    with Connection(url.replace("zpush", "zpull"), timeout=slack(30), hwm=1000) as consumer:
         process = run_producer(url, 1)
         try:
-            _, err = process.communicate(timeout=30)  # it waits 1 s (linger) for this consumer to read
+            _, err = process.communicate(timeout=slack(30))  # it waits 1 s (linger) for this consumer to read
             assert process.returncode == 0, err
             assert "were not received before closing" in err
             with pytest.raises(ServeError, match="cannot map"):
@@ -265,7 +266,7 @@ def test_a_forged_shared_memory_message_is_a_message_error_and_an_unmappable_rin
     ring = Ring(1 << 16)
     try:
         good = ring.place(tenbin.encode_list(batch(0))[1::2])
-        with Connection(f"zrpull://127.0.0.1:{port}", timeout=10, on_bad_message=on_bad_message) as consumer:
+        with Connection(f"zrpull://127.0.0.1:{port}", timeout=slack(10), on_bad_message=on_bad_message) as consumer:
             sender.send_multipart([envelope.pack("data", "", p="x", s=1, m=dict(good, o=[1 << 20, 0]))] + headers)
             sender.send_multipart([envelope.pack("data", "", p="x", s=2, m=good)] + headers)
             if on_bad_message == "raise":
@@ -300,8 +301,8 @@ def test_every_dtype_and_layout_goes_through_shared_memory(output):
     arrays = every_dtype()
     if output == "jax":  # without x64, JAX makes 64-bit arrays 32-bit
         arrays = [a for a in arrays if a.dtype.itemsize < 8]
-    with Connection(f"zpull://127.0.0.1:{port}", timeout=10, output=output) as consumer, \
-            Connection(f"zpush://127.0.0.1:{port}", protocol="hydrax", timeout=10, shared_memory=1 << 20) as producer:
+    with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(10), output=output) as consumer, \
+            Connection(f"zpush://127.0.0.1:{port}", protocol="hydrax", timeout=slack(10), shared_memory=1 << 20) as producer:
         for _ in range(3):
             producer.send(arrays, allow64=True)
         for _ in range(3):
@@ -319,10 +320,10 @@ def test_two_consumers_share_the_batches_of_one_producer():
     process, shared = producer(url, 60, shared_memory=1 << 20, consumers=2)
     got = {}
     try:
-        with Connection(url.replace("zrpush", "zrpull"), timeout=30) as first, \
-                Connection(url.replace("zrpush", "zrpull"), timeout=30) as second:
+        with Connection(url.replace("zrpush", "zrpull"), timeout=slack(30)) as first, \
+                Connection(url.replace("zrpush", "zrpull"), timeout=slack(30)) as second:
             ended = set()
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + slack(60)
             while len(ended) < 2:
                 assert time.monotonic() < deadline, f"ended {ended}, got {sorted(got)}"
                 for name, consumer in (("first", first), ("second", second)):
@@ -336,7 +337,7 @@ def test_two_consumers_share_the_batches_of_one_producer():
                     assert_batch(message.arrays, message.batch)
                     got[message.batch] = name
     finally:
-        process.join(30)
+        process.join(slack(30))
     assert sorted(got) == list(range(60))
     assert set(got.values()) == {"first", "second"}
     assert process.exitcode == 0 and shared_sent(shared) == 60

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 from hydrax.errors import StoreError
 from hydrax.shards import ShardIndex, ShardSet
@@ -21,7 +22,7 @@ KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "u
 
 def hydrax(*args, env=None):
     return subprocess.run([sys.executable, "-m", "hydrax", "shards", "build", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, env=env)
+                          text=True, timeout=slack(120), env=env)
 
 
 def image_bytes(kind, seed, size=(12, 8), profile=None):
@@ -385,7 +386,7 @@ def test_an_unsupported_scheme_is_refused_and_writes_nothing(folder, tmp_path, p
     work = tmp_path / "work"
     work.mkdir()
     result = subprocess.run([sys.executable, "-m", "hydrax", "shards", "build", str(root), pattern], capture_output=True,
-                            text=True, timeout=120, cwd=work)
+                            text=True, timeout=slack(120), cwd=work)
     scheme = pattern.partition("://")[0]
     assert result.returncode == 1 and f"the {scheme}:// scheme is not supported" in result.stderr
     assert list(work.iterdir()) == []
@@ -414,12 +415,12 @@ def test_ctrl_c_or_sigterm_through_the_command_removes_what_the_build_wrote(tmp_
     process = subprocess.Popen([sys.executable, "-m", "hydrax", "shards", "build", *map(str, files), str(out / "t-%d.tar"),
                                 "--maxcount", "50", "--workers", str(workers)], stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + slack(60)
         while not (out / "t-2.tar").exists() and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.02)
         assert (out / "t-2.tar").exists()  # complete shards under their final names...
         process.send_signal(getattr(signal, stop))
-        _, stderr = process.communicate(timeout=60)
+        _, stderr = process.communicate(timeout=slack(60))
     finally:
         process.kill()
         process.wait()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.timing import slack
 
 from hydrax.shards import ShardFormatError, ShardIndex, ShardWriter, group_samples, index_path, scan_members
 from hydrax.shards.tarindex import is_image_field
@@ -20,7 +21,7 @@ pytest.importorskip("PIL")
 
 
 def hydrax(*args):
-    return subprocess.run([sys.executable, "-m", "hydrax", *args], check=False, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "hydrax", *args], check=False, capture_output=True, text=True, timeout=slack(120))
 
 
 def encode(pixels, kind):

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import tqdm as tqdm_package
+from support.timing import slack_int
 
 from hydrax import DataGroup, Dataloader, TrainingBatch, ValidationBatch
 from hydrax.tqdm import ProgressMonitor, tbatches
@@ -42,7 +43,7 @@ def make_loader(loader=load_item, items=12, batch_size=3, validation=None, **kwa
     if validation is not None:
         mode, interval, count = validation
         validation = (mode, interval, DataGroup(2, list(range(100, 100 + count)), loader_arrays=SPEC))
-    kwargs.setdefault("timeout_sec", 20)
+    kwargs.setdefault("timeout_sec", slack_int(20))
     return Dataloader(loader, group, validation=validation, loader_count=2, **kwargs)
 
 

@@ -6,6 +6,10 @@ take the parent's ``sys.path``. The test modules stay flat in ``tests/``: the fo
 them by their top-level names.
 
 - ``proctable``: the live processes, from /proc (the leak checks of ``conftest.py``);
+- ``shmwatch``: which /dev/shm entries this test run created (inotify), so that the leak checks
+  never count other jobs' entries;
+- ``timing``: ``slack(seconds)``, a time bound stretched by how slow and how loaded the machine
+  is now; every upper bound on a time in the tests goes through it;
 - ``fuzzing``: mutant counts and running a batch of mutants in a child (``test_fuzz_*.py``);
 - ``netproxy``: a delaying, fault-injecting HTTP proxy, for the remote-shard tests and the
   benchmarks in ``tools/bench/``; also a script (``python tests/support/netproxy.py --help``);

@@ -10,7 +10,6 @@ process 0 loaded it: they disagree), ``silent`` (process 1 never loads batch 1: 
 
 import json
 import sys
-import time
 
 import jax
 
@@ -38,8 +37,13 @@ try:
         except Exception as exc:
             results.append(f"{type(exc).__name__}: {exc} [{getattr(exc, 'process_index', None)}, {getattr(exc, 'batch', None)}]")
             break
-    if scenario == "silent" and process_id == 1:
-        time.sleep(4)  # stay alive, quietly, while process 0 waits
+    if scenario == "silent":
+        # Process 1 stays alive, quietly, until process 0 has timed out: however slow the machine,
+        # process 0 must meet a live peer that is silent, not one that has gone.
+        if process_id == 0:
+            distributed_client().key_value_set("silent-test-done", "1")
+        else:
+            distributed_client().blocking_key_value_get("silent-test-done", 600_000)
 finally:
     agreement.stop()
 print(json.dumps({"split": split, "results": results}), flush=True)

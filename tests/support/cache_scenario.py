@@ -73,7 +73,7 @@ def place_holding(arrays, layouts, additional, group):
     return place(arrays, layouts, additional, group)
 
 
-def _wait_written(path: str, size: int, timeout: float = 10.0) -> None:
+def _wait_written(path: str, size: int, timeout: float = 60.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout
