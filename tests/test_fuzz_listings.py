@@ -395,22 +395,31 @@ def one_local(local, cache: str):
         data = mutate_listing(texts[rng.random() < 0.5], rng, urls)
         with open(path, "wb") as f:
             f.write(data)
-        shard = rng.choice(paths)
-        how = rng.choice(("intact",) * 6 + ("damaged", "drop", "split", "missing"))
-        if how == "damaged":
-            with open(index_path(shard), "wb") as f:
-                f.write(damaged(indexes[shard], rng))
-        elif how == "missing":
-            os.unlink(index_path(shard))
-        elif how != "intact":
-            forged_index(ShardIndex.from_bytes(indexes[shard]), how).save(index_path(shard))
-        try:
+        with tampered_index(indexes, rng, intact=6) as how:
             return check_listing(path, data, folder, truth, allowed, how in ("drop", "split"), cache_dir=cache, **NOWHERE)
-        finally:
-            if how != "intact":
-                with open(index_path(shard), "wb") as f:
-                    f.write(indexes[shard])
     return one
+
+
+@contextlib.contextmanager
+def tampered_index(indexes: dict[str, bytes], rng: random.Random, intact: int):
+    """One shard's index file, of ``indexes`` (path -> its bytes), left intact (``intact`` times
+    in ``intact + 4``), damaged, forged to drop or split a sample, or missing, while the body runs;
+    yields how; the file is put back afterwards."""
+    shard = rng.choice(sorted(indexes))
+    how = rng.choice(("intact",) * intact + ("damaged", "drop", "split", "missing"))
+    if how == "damaged":
+        with open(index_path(shard), "wb") as f:
+            f.write(damaged(indexes[shard], rng))
+    elif how == "missing":
+        os.unlink(index_path(shard))
+    elif how != "intact":
+        forged_index(ShardIndex.from_bytes(indexes[shard]), how).save(index_path(shard))
+    try:
+        yield how
+    finally:
+        if how != "intact":
+            with open(index_path(shard), "wb") as f:
+                f.write(indexes[shard])
 
 
 def test_damaged_local_listings_open_with_real_counts_or_are_named_errors(local, tmp_path):
@@ -446,21 +455,9 @@ def test_damaged_listings_on_a_server_name_only_its_shards(http_store, tmp_path)
     def one(case: int, rng: random.Random) -> str:
         data = mutate_listing(texts[rng.random() < 0.5], rng, urls)
         (www / "train.json").write_bytes(data)
-        shard = rng.choice(paths)
-        how = rng.choice(("intact",) * 4 + ("damaged", "drop", "split", "missing"))
-        if how == "damaged":
-            with open(index_path(shard), "wb") as f:
-                f.write(damaged(indexes[shard], rng))
-        elif how == "missing":
-            os.unlink(index_path(shard))
-        elif how != "intact":
-            forged_index(ShardIndex.from_bytes(indexes[shard]), how).save(index_path(shard))
-        try:
+        with tampered_index(indexes, rng, intact=4) as how:
             return check_listing(f"{base}/train.json", data, base, truth, allowed, how in ("drop", "split"), 2,
                                  cache_dir=str(tmp_path / "cache"), **NOWHERE)
-        finally:
-            with open(index_path(shard), "wb") as f:
-                f.write(indexes[shard])
 
     tally = run_mutants("http", max(1, MUTANTS // 8), one)
     assert tally["read"], tally
