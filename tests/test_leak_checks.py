@@ -33,6 +33,7 @@ def test_an_entry_another_job_creates_is_not_ours_and_one_we_create_is():
         wait_until(lambda: mine.name in watch.ours)
         assert watch.created_by_us({name, mine.name}) == {mine.name}
     finally:
+        watch.close()
         mine.unlink()
         for pid in _pids_with_arg(name):
             os.kill(pid, 9)

@@ -44,7 +44,7 @@ def test_the_book_holds_numpy_orders_bit_for_bit(share, mode):
             for b in (0, 3, plan.batch_count - 1):
                 assert list(stored.local(plan, b)) == list(seen.local(plan, b)) == list(local_items(plan, want, b))
     finally:
-        book.close_fd()
+        book.close()
 
 
 def test_only_shuffled_numpy_groups_are_stored():
@@ -93,14 +93,14 @@ def test_the_next_epoch_is_computed_in_the_background_ahead_of_the_boundary():
         assert computed == [(0, 0, threading.current_thread().name), (0, 1, "hydrax-orders")]
         assert list(order.local(plan, 5)) == list(local_items(plan, group_item_order(plan, 1), 5))
     finally:
-        book.close_fd()
+        book.close()
 
 
 def test_a_worker_never_reads_an_overwritten_order():
     plan = plan_of(size=400, batch_size=40)
     book = OrderBook([(0, plan, True)], ahead=1)
     reader = reader_of(book)
-    book.close_fd()
+    book.close()
     book.order(0, 0, 0)
     old = reader.order(0, plan, 0, True)
     old.local(plan, 0)
@@ -118,7 +118,7 @@ def test_a_failed_order_raises_where_it_is_asked_for():
     book = OrderBook([(0, broken, True)], ahead=1)
     with pytest.raises((TypeError, ValueError)):
         book.order(0, 0, 0)
-    book.close_fd()
+    book.close()
 
 
 def test_a_stored_order_views_the_book_rather_than_copying_it():
@@ -127,4 +127,4 @@ def test_a_stored_order_views_the_book_rather_than_copying_it():
     order = book.order(0, 0)
     assert isinstance(order, ShareOrder) and not order.rows.flags.owndata
     assert np.shares_memory(order.rows, book._views[0][0][1])
-    book.close_fd()
+    book.close()

@@ -68,7 +68,15 @@ class ShmWatch:
         self._fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self._fd < 0 or libc.inotify_add_watch(self._fd, SHM.encode(), _IN_CREATE | _IN_MOVED_TO) < 0:
             raise OSError(ctypes.get_errno(), f"cannot watch {SHM} with inotify")
-        threading.Thread(target=self._watch, name="shm-watch", daemon=True).start()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="shm-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop watching (the session's watch runs until the process ends)."""
+        self._stopped.set()
+        self._thread.join()
+        os.close(self._fd)
 
     def created_by_us(self, names: set[str]) -> set[str]:
         """The entries among ``names`` that this process tree created (or holds now)."""
@@ -77,8 +85,9 @@ class ShmWatch:
         return seen | holders(names - seen, descendants() | {os.getpid()})
 
     def _watch(self) -> None:
-        while True:
-            select.select([self._fd], [], [])
+        while not self._stopped.is_set():
+            if not select.select([self._fd], [], [], 0.2)[0]:
+                continue
             try:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
