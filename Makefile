@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydrax/*.pxi)
+$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydrax/*.pxi) $(wildcard hydrax/*.h)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	# tensorcom 0.1.0, for the interoperability tests: its declared torch and webdataset are
 	# not needed by the modules the tests use (tenbin and zcom import numpy, pyzmq, braceexpand)

@@ -55,6 +55,26 @@ def convert_pixels(
     scale: np.ndarray,
     offset: np.ndarray,
 ) -> None: ...
+
+class Taps:
+    in_size: int
+    out_size: int
+    ksize: int
+    first: int
+    last: int
+    needed: bool
+    def __init__(self, in_size: int, in0: float, in1: float, out_size: int, kind: int) -> None: ...
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+def resample_into(
+    src: np.ndarray,
+    out: np.ndarray,
+    chw: bool,
+    flip: bool,
+    columns: Taps,
+    rows: Taps,
+    colour: tuple | None,
+) -> None: ...
 def feistel_permute(n: int, keys: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None: ...
 def feistel_windows(
     positions: np.ndarray,

@@ -31,6 +31,13 @@ extension to build and ship, with each family of kernels in an include file of i
   matrix, the output encoding (sRGB, linear or Oklab) and a per-channel affine map, into a batch
   slot in one pass, uint8 or float32, HWC or CHW.
 
+``_resample.pxi``: decoded images resized into batch slots.
+
+- :class:`Taps` holds one axis's filter weights in fixed point, computed as Pillow computes them.
+- :func:`resample_into` resizes, crops and mirrors decoded 8-bit pixels (read through any strides,
+  so a rotated view costs nothing) and hands each finished row to the conversion above, so the
+  slot is written in one call with the same values Pillow's ``resize`` gives.
+
 ``_permute.pxi``: orders computed, not stored.
 
 - :func:`feistel_permute` maps positions to items through a keyed bijection of ``[0, n)`` (a
@@ -58,5 +65,6 @@ from libc.string cimport memcpy
 include "_arena.pxi"
 include "_tar.pxi"
 include "_pixels.pxi"
+include "_resample.pxi"
 include "_permute.pxi"
 include "_shuffle.pxi"

@@ -56,28 +56,33 @@ cdef inline float _cube_root(float x) noexcept nogil:
     return sign * y
 
 
-def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] out, bint chw,
-                   const float[:, ::1] lin, const float[:, ::1] matrix, int encode,
-                   const float[::1] curve, const unsigned char[::1] byte_curve, const float[:, ::1] second,
-                   const float[::1] scale, const float[::1] offset):
-    """Convert ``src`` (H, W, 1-4 channels of uint8: L, LA, RGB or RGBA) into ``out``.
+cdef struct ColourPlan:
+    # What _convert_row needs, taken out of the tables once per call.
+    const float* lin0
+    const float* lin1
+    const float* lin2
+    float m[9]
+    float n[9]
+    float sc[4]
+    float of[4]
+    int encode
+    const float* table
+    Py_ssize_t intervals
+    const unsigned char* codes  # NULL unless 8-bit sRGB output goes straight through byte_curve
+    float code_steps
+    Py_ssize_t channels
+    Py_ssize_t out_channels
+    # Where the matrix is the identity (and the encoding not Oklab) each output channel depends on
+    # one source channel only: the conversion of all 256 codes, stored like an output row, then
+    # replaces the arithmetic (see _tabulate). NULL until then.
+    const void* lut
 
-    ``out`` is (H, W, C) or, with ``chw``, (C, H, W), C-contiguous, uint8 or float32, with C = 3
-    or 4 (the 4th channel is alpha, 255 where the source has none). ``lin`` (3, 256) maps each
-    code to linear light per channel; ``matrix`` (3, 3) maps linear source RGB to the output
-    space; ``encode`` is 0 (sRGB curve: ``curve`` holds the curve at ``len(curve) - 1`` equal
-    intervals of [0, 1]), 1 (linear) or 2 (Oklab: cube root, then ``second``). Channel c is then
-    stored as ``value * scale[c] + offset[c]``, rounded and saturated for uint8. Values before
-    scaling are fractions (1.0 is white, or alpha 255). For uint8 sRGB output with scale 255 and
-    offset 0, a non-empty ``byte_curve`` (the final code of clipped linear light at
-    ``len(byte_curve) - 1`` equal intervals) replaces the curve, interpolation and rounding.
-    """
-    cdef Py_ssize_t height = src.shape[0], width = src.shape[1], channels = src.shape[2]
-    cdef Py_ssize_t out_channels = out.shape[0] if chw else out.shape[2]
-    cdef Py_ssize_t out_height = out.shape[1] if chw else out.shape[0]
-    cdef Py_ssize_t out_width = out.shape[2] if chw else out.shape[1]
-    if out_height != height or out_width != width:
-        raise ValueError(f"pixels are {height}x{width} but the output is {out_height}x{out_width}")
+
+cdef int _plan_colour(ColourPlan* plan, Py_ssize_t channels, Py_ssize_t out_channels, bint byte_output,
+                      const float[:, ::1] lin, const float[:, ::1] matrix, int encode, const float[::1] curve,
+                      const unsigned char[::1] byte_curve, const float[:, ::1] second, const float[::1] scale,
+                      const float[::1] offset) except -1:
+    """Check the conversion's tables and fill ``plan``; the arrays must outlive its use."""
     if not 1 <= channels <= 4 or out_channels not in (3, 4):
         raise ValueError(f"cannot convert {channels} channels into {out_channels}")
     if lin.shape[0] != 3 or lin.shape[1] != 256 or matrix.shape[0] != 3 or matrix.shape[1] != 3:
@@ -96,84 +101,198 @@ def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] ou
             and (second.shape[0] * second.shape[1] == 0 or (second.shape[1] == 3 and _all_finite(&second[0, 0], second.shape[0] * 3)))
             and _all_finite(&scale[0], out_channels) and _all_finite(&offset[0], out_channels)):
         raise ValueError("the conversion tables hold NaN or infinite values")
-    if height == 0 or width == 0:
+    cdef Py_ssize_t k
+    for k in range(9):
+        plan.m[k] = matrix[k // 3, k % 3]
+        plan.n[k] = second[k // 3, k % 3] if encode == PIXELS_ENCODE_OKLAB else 0.0
+    for k in range(out_channels):
+        plan.sc[k] = scale[k]
+        plan.of[k] = offset[k]
+    plan.lin0, plan.lin1, plan.lin2 = &lin[0, 0], &lin[1, 0], &lin[2, 0]
+    plan.encode = encode
+    plan.table = &curve[0] if curve.shape[0] > 0 else NULL
+    plan.intervals = curve.shape[0] - 1
+    plan.channels, plan.out_channels = channels, out_channels
+    plan.lut = NULL
+    # 8-bit sRGB output with no affine map: clipped linear light indexes a table of final codes.
+    plan.codes = NULL
+    plan.code_steps = byte_curve.shape[0] - 1
+    if (byte_output and encode == PIXELS_ENCODE_SRGB and byte_curve.shape[0] > 1
+            and plan.sc[0] == 255.0 and plan.sc[1] == 255.0 and plan.sc[2] == 255.0
+            and plan.of[0] == 0.0 and plan.of[1] == 0.0 and plan.of[2] == 0.0):
+        plan.codes = &byte_curve[0]
+    return 0
+
+
+cdef bint _tabulate(ColourPlan* p, pixel_out_t* table, float* row) noexcept nogil:
+    """Where the conversion acts on each channel alone, convert the 256 codes (every channel of
+    pixel i is i) into ``table`` (256 * out_channels values; ``row``: 1024 floats of scratch) and
+    let ``_convert_row`` look values up there: the same code computes both, so the results are
+    the same to the bit. False (and nothing changed) where channels mix."""
+    cdef Py_ssize_t i, c
+    cdef unsigned char codes[1024]
+    if p.encode == PIXELS_ENCODE_OKLAB:
+        return False
+    for i in range(9):
+        if p.m[i] != (1.0 if i % 4 == 0 else 0.0):
+            return False
+    for i in range(256):
+        for c in range(p.channels):
+            codes[i * p.channels + c] = <unsigned char>i
+    _convert_row(p, codes, table, 256, 0, False, False, row)
+    p.lut = table
+    return True
+
+
+cdef void _convert_row(const ColourPlan* p, const unsigned char* s, pixel_out_t* o, Py_ssize_t width,
+                       Py_ssize_t plane, bint chw, bint flip, float* row) noexcept nogil:
+    """One row of ``width`` source pixels at ``s`` into the output row at ``o`` (pixel 0 of the row;
+    channel planes ``plane`` values apart with ``chw``), mirrored with ``flip``; ``row`` holds
+    ``4 * width`` floats of scratch."""
+    if p.lut != NULL:
+        _lookup_row(p, s, <const pixel_out_t*>p.lut, o, width, plane, chw, flip)
         return
+    cdef Py_ssize_t channels = p.channels
     cdef Py_ssize_t green = 1 if channels >= 3 else 0
     cdef Py_ssize_t blue = 2 if channels >= 3 else 0
     cdef Py_ssize_t alpha = 3 if channels == 4 else (1 if channels == 2 else -1)
-    cdef Py_ssize_t intervals = curve.shape[0] - 1
-    cdef Py_ssize_t plane = height * width
-    cdef float m[9]
-    cdef float n[9]
-    cdef float sc[4]
-    cdef float of[4]
-    cdef Py_ssize_t k, y, x, c, i
-    for k in range(9):
-        m[k] = matrix[k // 3, k % 3]
-        n[k] = second[k // 3, k % 3] if encode == PIXELS_ENCODE_OKLAB else 0.0
-    for k in range(out_channels):
-        sc[k] = scale[k]
-        of[k] = offset[k]
-    # 8-bit sRGB output with no affine map: clipped linear light indexes a table of final codes.
-    cdef bint direct = (pixel_out_t is uint8_t and encode == PIXELS_ENCODE_SRGB and byte_curve.shape[0] > 1
-                        and sc[0] == 255.0 and sc[1] == 255.0 and sc[2] == 255.0
-                        and of[0] == 0.0 and of[1] == 0.0 and of[2] == 0.0)
-    cdef const unsigned char* codes = &byte_curve[0] if direct else NULL
-    cdef float code_steps = byte_curve.shape[0] - 1
-    cdef float position
-    cdef const float* lin0 = &lin[0, 0]
-    cdef const float* lin1 = &lin[1, 0]
-    cdef const float* lin2 = &lin[2, 0]
-    cdef const float* table = &curve[0] if curve.shape[0] > 0 else NULL
-    cdef float* row = <float*>malloc(4 * width * sizeof(float))
-    if row == NULL:
-        raise MemoryError()
-    cdef const unsigned char* s
-    cdef pixel_out_t* o = &out[0, 0, 0]
+    cdef Py_ssize_t x, c, k
+    cdef float r, g, b, position, scaled, v
+    cdef Py_ssize_t step = 1 if chw else p.out_channels
     cdef pixel_out_t* dest
-    cdef float r, g, b, a, scaled
+    # One plane per channel: the loops between the gather and the store then run over
+    # consecutive floats, which the compiler vectorises. The matrix is copied to locals, as the
+    # planes could otherwise alias it. Every value sees the same operations in the same order as
+    # it would pixel by pixel, so the results do not depend on the layout.
+    cdef float* planes[4]
+    for c in range(4):
+        planes[c] = row + c * width
+    cdef float* red = planes[0]
+    cdef float* grn = planes[1]
+    cdef float* blu = planes[2]
+    cdef float m0 = p.m[0], m1 = p.m[1], m2 = p.m[2], m3 = p.m[3], m4 = p.m[4], m5 = p.m[5]
+    cdef float m6 = p.m[6], m7 = p.m[7], m8 = p.m[8]
+    cdef float* alp = planes[3]
+    cdef float* values
+    cdef const float* curve = p.table
+    cdef Py_ssize_t intervals = p.intervals
+    cdef const float* lin0 = p.lin0
+    cdef const float* lin1 = p.lin1
+    cdef const float* lin2 = p.lin2
+    cdef const unsigned char* codes = p.codes
+    for x in range(width):  # gather: each code through its channel's table
+        red[x] = lin0[s[0]]
+        grn[x] = lin1[s[green]]
+        blu[x] = lin2[s[blue]]
+        alp[x] = s[alpha] * (1.0 / 255.0) if alpha >= 0 else 1.0
+        s += channels
+    for x in range(width):  # the matrix
+        r = red[x]
+        g = grn[x]
+        b = blu[x]
+        red[x] = m0 * r + m1 * g + m2 * b
+        grn[x] = m3 * r + m4 * g + m5 * b
+        blu[x] = m6 * r + m7 * g + m8 * b
+    if p.encode == PIXELS_ENCODE_OKLAB:
+        for x in range(width):
+            r = _cube_root(red[x])
+            g = _cube_root(grn[x])
+            b = _cube_root(blu[x])
+            red[x] = p.n[0] * r + p.n[1] * g + p.n[2] * b
+            grn[x] = p.n[3] * r + p.n[4] * g + p.n[5] * b
+            blu[x] = p.n[6] * r + p.n[7] * g + p.n[8] * b
+    elif p.codes == NULL:
+        for c in range(3):
+            values = planes[c]
+            for x in range(width):
+                values[x] = _clip01(values[x])
+            if p.encode == PIXELS_ENCODE_SRGB:
+                for x in range(width):
+                    position = values[x] * intervals
+                    k = <Py_ssize_t>position
+                    values[x] = curve[k] if k >= intervals else curve[k] + (position - k) * (curve[k + 1] - curve[k])
+    if flip:  # the first value goes last
+        o += (width - 1) * step
+        step = -step
+    cdef float code_steps = p.code_steps, sc, of
+    for c in range(p.out_channels):  # store: one channel at a time, HWC or CHW
+        dest = o + (c * plane if chw else c)
+        values = planes[c]
+        if codes != NULL and c < 3:
+            for x in range(width):
+                dest[x * step] = codes[<Py_ssize_t>(_clip01(values[x]) * code_steps + 0.5)]
+            continue
+        sc = p.sc[c]
+        of = p.of[c]
+        for x in range(width):
+            scaled = values[x] * sc + of
+            if pixel_out_t is float:
+                dest[x * step] = scaled
+            else:
+                # NaN stores 0: a float-to-int conversion of NaN is undefined behaviour
+                dest[x * step] = <unsigned char>(scaled + 0.5 if 0.0 <= scaled <= 254.5 else (255.0 if scaled > 254.5 else 0.0))
+
+
+cdef void _lookup_row(const ColourPlan* p, const unsigned char* s, const pixel_out_t* table, pixel_out_t* o,
+                      Py_ssize_t width, Py_ssize_t plane, bint chw, bint flip) noexcept nogil:
+    """``_convert_row`` through the table ``_tabulate`` made."""
+    cdef Py_ssize_t channels = p.channels, out_channels = p.out_channels, x, c
     cdef Py_ssize_t step = 1 if chw else out_channels
+    cdef Py_ssize_t source[4]
+    cdef const pixel_out_t* column
+    cdef pixel_out_t* dest
+    for c in range(out_channels):  # the source channel each output channel reads (0: any; alpha is then constant)
+        source[c] = (c if channels >= 3 else 0) if c < 3 else (channels - 1 if channels in (2, 4) else 0)
+    if flip:
+        o += (width - 1) * step
+        step = -step
+    for c in range(out_channels):
+        dest = o + (c * plane if chw else c)
+        column = table + c
+        for x in range(width):
+            dest[x * step] = column[s[x * channels + source[c]] * out_channels]
+
+
+def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] out, bint chw,
+                   const float[:, ::1] lin, const float[:, ::1] matrix, int encode,
+                   const float[::1] curve, const unsigned char[::1] byte_curve, const float[:, ::1] second,
+                   const float[::1] scale, const float[::1] offset):
+    """Convert ``src`` (H, W, 1-4 channels of uint8: L, LA, RGB or RGBA) into ``out``.
+
+    ``out`` is (H, W, C) or, with ``chw``, (C, H, W), C-contiguous, uint8 or float32, with C = 3
+    or 4 (the 4th channel is alpha, 255 where the source has none). ``lin`` (3, 256) maps each
+    code to linear light per channel; ``matrix`` (3, 3) maps linear source RGB to the output
+    space; ``encode`` is 0 (sRGB curve: ``curve`` holds the curve at ``len(curve) - 1`` equal
+    intervals of [0, 1]), 1 (linear) or 2 (Oklab: cube root, then ``second``). Channel c is then
+    stored as ``value * scale[c] + offset[c]``, rounded and saturated for uint8. Values before
+    scaling are fractions (1.0 is white, or alpha 255). For uint8 sRGB output with scale 255 and
+    offset 0, a non-empty ``byte_curve`` (the final code of clipped linear light at
+    ``len(byte_curve) - 1`` equal intervals) replaces the curve, interpolation and rounding.
+    """
+    cdef Py_ssize_t height = src.shape[0], width = src.shape[1]
+    cdef Py_ssize_t out_height = out.shape[1] if chw else out.shape[0]
+    cdef Py_ssize_t out_width = out.shape[2] if chw else out.shape[1]
+    if out_height != height or out_width != width:
+        raise ValueError(f"pixels are {height}x{width} but the output is {out_height}x{out_width}")
+    cdef ColourPlan plan
+    _plan_colour(&plan, src.shape[2], out.shape[0] if chw else out.shape[2], pixel_out_t is uint8_t, lin, matrix,
+                 encode, curve, byte_curve, second, scale, offset)
+    if height == 0 or width == 0:
+        return
+    cdef Py_ssize_t plane = height * width
+    cdef float* row = <float*>malloc(4 * max(width, 256) * sizeof(float))
+    cdef pixel_out_t* table = <pixel_out_t*>malloc(256 * 4 * sizeof(pixel_out_t))
+    if row == NULL or table == NULL:
+        free(row)
+        free(table)
+        raise MemoryError()
+    cdef pixel_out_t* o = &out[0, 0, 0]
+    cdef Py_ssize_t y
     with nogil:
+        if plane > 4096:  # a table costs a 256-pixel row
+            _tabulate(&plan, table, row)
         for y in range(height):
-            s = &src[y, 0, 0]
-            for x in range(width):  # gather: tables and matrix
-                r = lin0[s[0]]
-                g = lin1[s[green]]
-                b = lin2[s[blue]]
-                row[4 * x] = m[0] * r + m[1] * g + m[2] * b
-                row[4 * x + 1] = m[3] * r + m[4] * g + m[5] * b
-                row[4 * x + 2] = m[6] * r + m[7] * g + m[8] * b
-                row[4 * x + 3] = s[alpha] * (1.0 / 255.0) if alpha >= 0 else 1.0
-                s += channels
-            if encode == PIXELS_ENCODE_OKLAB:
-                for x in range(width):
-                    r = _cube_root(row[4 * x])
-                    g = _cube_root(row[4 * x + 1])
-                    b = _cube_root(row[4 * x + 2])
-                    row[4 * x] = n[0] * r + n[1] * g + n[2] * b
-                    row[4 * x + 1] = n[3] * r + n[4] * g + n[5] * b
-                    row[4 * x + 2] = n[6] * r + n[7] * g + n[8] * b
-            elif not direct:
-                for i in range(4 * width):
-                    if i % 4 != 3:
-                        row[i] = _clip01(row[i])
-                if encode == PIXELS_ENCODE_SRGB:
-                    for i in range(4 * width):
-                        if i % 4 != 3:
-                            position = row[i] * intervals
-                            k = <Py_ssize_t>position
-                            row[i] = table[k] if k >= intervals else table[k] + (position - k) * (table[k + 1] - table[k])
-            for c in range(out_channels):  # store: one channel at a time, HWC or CHW
-                dest = o + (c * plane + y * width if chw else (y * width) * out_channels + c)
-                if direct and c < 3:
-                    for x in range(width):
-                        dest[x * step] = codes[<Py_ssize_t>(_clip01(row[4 * x + c]) * code_steps + 0.5)]
-                    continue
-                for x in range(width):
-                    scaled = row[4 * x + c] * sc[c] + of[c]
-                    if pixel_out_t is float:
-                        dest[x * step] = scaled
-                    else:
-                        # NaN stores 0: a float-to-int conversion of NaN is undefined behaviour
-                        dest[x * step] = <unsigned char>(scaled + 0.5 if 0.0 <= scaled <= 254.5 else (255.0 if scaled > 254.5 else 0.0))
+            _convert_row(&plan, &src[y, 0, 0], o + (y * width if chw else y * width * plan.out_channels), width, plane,
+                         chw, False, row)
     free(row)
+    free(table)
