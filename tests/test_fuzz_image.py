@@ -44,6 +44,9 @@ def originals() -> dict[str, bytes]:
         ("jpeg", rgb, "JPEG", {"quality": 80}),
         ("jpeg-progressive", rgb, "JPEG", {"progressive": True, "subsampling": 0}),
         ("jpeg-gray", rgb.convert("L"), "JPEG", {}),
+        # the fast path's own reading: EXIF orientation, an ICC profile in two APP2 chunks, DCT scaling
+        ("jpeg-exif-icc", rgb, "JPEG", {"exif": _orientation_exif(6), "icc_profile": _adobe_profile()}),
+        ("jpeg-large", Image.fromarray(np.tile(pixels, (4, 4, 1))), "JPEG", {"quality": 85, "exif": _orientation_exif(3)}),
         ("png", rgb, "PNG", {}),
         ("png-rgba", rgb.convert("RGBA"), "PNG", {}),
         ("png-palette", rgb.convert("P"), "PNG", {}),
@@ -55,7 +58,35 @@ def originals() -> dict[str, bytes]:
         buffer = io.BytesIO()
         image.save(buffer, fmt, **options)
         made[name] = buffer.getvalue()
+    made["jpeg-exif-icc"] = _split_icc(made["jpeg-exif-icc"])
     return made
+
+
+def _orientation_exif(value: int) -> bytes:
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = value
+    return exif.tobytes()
+
+
+def _adobe_profile() -> bytes:
+    from pathlib import Path
+
+    return (Path(__file__).parent / "data" / "icc" / "AdobeRGB1998.icc").read_bytes()
+
+
+def _split_icc(data: bytes) -> bytes:
+    """``data`` with its one ICC APP2 chunk split in two, the second first (readers sort them)."""
+    at = data.index(b"ICC_PROFILE\0") - 4
+    (length,) = struct.unpack_from(">H", data, at + 2)
+    profile = data[at + 18 : at + 2 + length]
+    half = len(profile) // 2
+
+    def chunk(number: int, body: bytes) -> bytes:
+        return b"\xff\xe2" + struct.pack(">H", 16 + len(body)) + b"ICC_PROFILE\0" + bytes((number, 2)) + body
+
+    return data[:at] + chunk(2, profile[half:]) + chunk(1, profile[:half]) + data[at + 2 + length :]
 
 
 def _png_chunks(data: bytes) -> list[tuple[int, int]]:
@@ -138,14 +169,40 @@ def check(data: bytes, case: int) -> None:
     try:
         decode_into(data, out, layout=layout, crop="random", flip=True, seed=case,
                     coefs=Coefs.IMAGENET_SRGB if dtype == np.float32 else None)
+    except ProfileError:  # (an ImageError too) a damaged embedded profile: documented, raised unless bad_profile="warn"
+        pass
     except ImageError as exc:
         message = str(exc)
         assert message.startswith(f"bytes of length {len(data)}: "), message
         assert not OBJECT_REPR.search(message), message
-    except ProfileError:
-        pass  # a damaged embedded profile: documented, and raised unless bad_profile="warn"
     else:
         assert np.isfinite(out.astype(np.float32)).all(), "the slot was not filled"
+    if data[:3] == b"\xff\xd8\xff":
+        _same_as_pillow_path(data, out, case)
+
+
+def _same_as_pillow_path(data: bytes, fast: np.ndarray, case: int) -> None:
+    """A JPEG given as bytes may take the fast path; as a file object it takes Pillow's. Both must
+    give the same slot, or both raise."""
+    from hydrax.image import Coefs, ImageError, ProfileError, decode_into
+
+    shape, dtype, layout = SLOTS[case % len(SLOTS)]
+    out = np.full(shape, np.nan if dtype != np.uint8 else 7, dtype)
+    outcomes = []
+    for source, slot in ((data, fast.copy()), (io.BytesIO(data), out)):
+        try:
+            decode_into(source, slot, layout=layout, crop="random", flip=True, seed=case,
+                        coefs=Coefs.IMAGENET_SRGB if dtype == np.float32 else None)
+            outcomes.append(slot)
+        except (ImageError, ProfileError) as exc:
+            outcomes.append(type(exc).__name__)
+    fast_outcome, pillow_outcome = outcomes
+    if isinstance(fast_outcome, str) or isinstance(pillow_outcome, str):
+        assert fast_outcome == pillow_outcome if isinstance(fast_outcome, str) and isinstance(pillow_outcome, str) else False, (
+            f"the fast path gave {fast_outcome if isinstance(fast_outcome, str) else 'a slot'}, "
+            f"Pillow's {pillow_outcome if isinstance(pillow_outcome, str) else 'a slot'}")
+    else:
+        np.testing.assert_array_equal(fast_outcome, pillow_outcome)
 
 
 def run(seed: int, first: int, count: int) -> None:

@@ -1,6 +1,7 @@
 """decode_into: colour judged against LittleCMS on the same pixels, and geometry, modes and bad input."""
 
 import io
+import itertools
 import math
 from pathlib import Path
 
@@ -452,3 +453,75 @@ def test_other_sizes_are_covered_then_cropped_on_one_axis_without_stretching():
             assert abs(sides[0] - sides[1]) <= 1.01 * max(sides) / min(out_w, out_h) + 1e-9, (width, height, out_w, out_h, size)
     with pytest.raises(ValueError, match="size must be a positive"):
         decode_into(data, out, size=0)
+
+
+# The fast JPEG path (hydrax.image.jpeg + hydrax.image.resample) against Pillow's: bytes may take
+# the fast path, a file object always takes Pillow's, so the two can be compared directly.
+
+def _jpeg(width, height, *, orientation=1, profile=None, mode="RGB", **options) -> bytes:
+    from PIL import Image as _Image
+
+    rng = np.random.default_rng(width * 7 + height)
+    coarse = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), np.uint8)
+    image = _Image.fromarray(coarse).resize((width, height), _Image.Resampling.BICUBIC).convert(mode)
+    if orientation != 1:
+        exif = _Image.Exif()
+        exif[0x0112] = orientation
+        options["exif"] = exif.tobytes()
+    if profile:
+        options["icc_profile"] = profile
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("width", "height", "orientation", "profile"), [
+    (500, 375, 1, None), (375, 500, 6, "AdobeRGB1998.icc"), (1200, 900, 8, "sRGB.icc"), (64, 48, 3, None),
+    (224, 224, 5, "AdobeRGB1998.icc"), (31, 700, 7, None),
+])
+def test_the_fast_jpeg_path_fills_the_slot_exactly_as_pillows_path(width, height, orientation, profile):
+    icc = (ICC / profile).read_bytes() if profile else None
+    data = _jpeg(width, height, orientation=orientation, profile=icc, progressive=orientation == 7)
+    slots = [((224, 224, 3), np.uint8, "hwc"), ((3, 224, 224), np.float32, "chw"), ((96, 128, 4), np.uint8, "hwc"),
+             ((3, 64, 80), np.float16, "chw")]
+    options = [{}, {"size": 256}, {"crop": "random", "flip": True, "seed": 11}, {"space": "linear"},
+               {"coefs": Coefs.IMAGENET_SRGB}, {"resample": 1}, {"resample": 4}, {"space": "oklab"}]
+    for (shape, dtype, layout), extra in itertools.product(slots, options):
+        if (extra.get("space") == "oklab" and dtype == np.uint8) or ("coefs" in extra and 4 in shape):
+            continue
+        fast, pillow = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        decode_into(data, fast, layout=layout, **extra)
+        decode_into(io.BytesIO(data), pillow, layout=layout, **extra)
+        np.testing.assert_array_equal(fast, pillow, err_msg=f"{shape} {dtype} {extra}")
+
+
+def test_plain_jpegs_take_the_fast_path_and_others_pillows(monkeypatch):
+    from hydrax.image import decode as decode_module
+
+    plain, gray = _jpeg(500, 375), _jpeg(60, 40, mode="L")
+    cmyk = _jpeg(60, 40, mode="CMYK")
+    slot = np.zeros((224, 224, 3), np.uint8)
+
+    def no_pillow(*args, **kwargs):
+        raise AssertionError("Pillow's path was taken")
+
+    monkeypatch.setattr(decode_module, "_open_upright", no_pillow)
+    decode_into(plain, slot)
+    decode_into(memoryview(gray), slot[:40, :60])  # a view of a slot: not contiguous, converted through a copy
+    with pytest.raises(AssertionError, match="Pillow's path"):
+        decode_into(cmyk, slot)
+    with pytest.raises(AssertionError, match="Pillow's path"):
+        decode_into(plain, slot, resample=0)  # nearest stays with Pillow
+
+
+def test_a_damaged_jpeg_fails_as_it_did_through_pillow():
+    data = _jpeg(200, 150)
+    slot = np.zeros((64, 64, 3), np.uint8)
+    for damaged in (data[: len(data) // 2], data[:300]):
+        messages = []
+        for source in (damaged, io.BytesIO(damaged)):
+            with pytest.raises(ImageError) as caught:
+                decode_into(source, slot)
+            messages.append(str(caught.value))
+        assert messages[0] == messages[1]
+        assert messages[0].startswith(f"bytes of length {len(damaged)}: ")

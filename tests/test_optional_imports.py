@@ -27,3 +27,27 @@ def test_missing_optional_package_gives_install_hint(package, module):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=slack(60))
     assert f"pip install 'hydrax[{module}]'" in result.stdout, result.stdout + result.stderr
+
+
+def test_without_simplejpeg_jpegs_take_pillows_path_with_the_same_pixels(tmp_path):
+    """simplejpeg comes with the image extra; without it decode_into still works, through Pillow."""
+    pytest.importorskip("simplejpeg")
+    code = (
+        "import io, sys\n"
+        "import numpy as np\n"
+        "from PIL import Image\n"
+        "blocked = len(sys.argv) > 1\n"
+        "if blocked: sys.modules['simplejpeg'] = None\n"
+        "from hydrax.image import decode_into, jpeg\n"
+        "assert (jpeg.simplejpeg is None) == blocked\n"
+        "rng = np.random.default_rng(0)\n"
+        "buffer = io.BytesIO()\n"
+        "Image.fromarray(rng.integers(0, 256, (90, 120, 3), np.uint8)).save(buffer, 'JPEG')\n"
+        "slot = np.zeros((3, 40, 40), np.float32)\n"
+        "decode_into(buffer.getvalue(), slot, layout='chw', crop='random', flip=True, seed=3)\n"
+        "sys.stdout.buffer.write(slot.tobytes())\n"
+    )
+    results = [subprocess.run([sys.executable, "-c", code, *extra], capture_output=True, timeout=slack(60)) for extra in ([], ["blocked"])]
+    for result in results:
+        assert result.returncode == 0, result.stderr.decode()
+    assert len(results[0].stdout) == 3 * 40 * 40 * 4 and results[0].stdout == results[1].stdout

@@ -6,12 +6,20 @@ One call per item in a loader function::
         decode_into(sample["jpg"], arrays["image"], crop="random", flip=True, seed=seed,
                     space="srgb", coefs=Coefs.IMAGENET_SRGB, layout="chw")
 
-Pillow decodes (JPEGs larger than twice the target are scaled down in the DCT domain as they
+The image is decoded (JPEGs larger than twice the target are scaled down in the DCT domain as they
 decode), EXIF orientation is applied, the image is resized by the smallest scale at which it
 covers the slot (an image of the slot's size stays 1:1; ``size`` sets the shorter side instead)
-and the crop taken in one resampling step, and then one pass of hydrax's kernel converts the few
-output pixels from the embedded profile to the requested space, encoding, dtype and layout,
-straight into ``out``. Colour work therefore scales with the output, not the photo.
+and the crop taken in one resampling step, and the few output pixels are converted from the
+embedded profile to the requested space, encoding, dtype and layout, straight into ``out``.
+Colour work therefore scales with the output, not the photo.
+
+Two paths do this with the same result. Common JPEGs (8-bit, gray or YCbCr, Huffman-coded, read
+from bytes) take the fast one: their markers are read by :mod:`hydrax.image.jpeg`, libjpeg-turbo
+decodes them into a buffer the thread keeps, and one kernel call (:mod:`hydrax.image.resample`)
+resizes, crops, mirrors and converts them into the slot with Pillow's arithmetic. Everything
+else (PNG, WebP, GIF, CMYK or 12-bit or arithmetic-coded JPEGs, damaged files, file objects,
+profiles only LittleCMS can apply, the nearest-neighbour filter) goes through Pillow as before,
+and so does any JPEG the fast path cannot decode cleanly: its errors are Pillow's, worded as ever.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from PIL import Image, UnidentifiedImageError
 
 from .. import _core
 from ..errors import ImageError, ProfileError
+from . import jpeg
+from .resample import FILTERS, resize_into
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
@@ -241,9 +251,15 @@ def decode_into(
     """
     chw, channels, out_h, out_w, intent, flags = _check_arguments(out, layout, size, crop, flip, seed, space, coefs,
                                                                   convert, bad_profile)
+    filter_ = Image.Resampling.BILINEAR if resample is None else resample
+    if (formats is None or "JPEG" in formats) and int(filter_) in FILTERS:
+        header_and_view = _plain_jpeg(data)
+        if header_and_view is not None and _jpeg_into(*header_and_view, out, chw=chw, size=size, crop=crop,
+                                                      flip=flip and flips(seed), seed=seed, space=space, coefs=coefs,
+                                                      kind=int(filter_), bad_profile=bad_profile):
+            return
     image = _open_upright(data, formats, out_h, out_w, size)
     box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
-    filter_ = Image.Resampling.BILINEAR if resample is None else resample
     profile = image.info.get("icc_profile")
     resized = image.resize((out_w, out_h), filter_, box=box)
     if flip and flips(seed):
@@ -252,6 +268,55 @@ def decode_into(
     if transform.lcms:
         resized = _littlecms(resized, profile, intent, flags, bad_profile)
     _write(resized, transform, out, chw, channels, coefs)
+
+
+def _plain_jpeg(data: Any) -> tuple[jpeg.JpegHeader, memoryview] | None:
+    """``data``'s JPEG header and its bytes, where ``data`` is bytes-like and a JPEG the fast
+    path takes (see :func:`hydrax.image.jpeg.read_header`); else None."""
+    if hasattr(data, "read"):
+        return None
+    try:
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+    except (TypeError, ValueError):
+        return None
+    header = jpeg.read_header(view, Image.MAX_IMAGE_PIXELS)
+    return None if header is None else (header, view)
+
+
+def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, chw: bool, size: int | None, crop: str,
+               flip: bool, seed: int | None, space: str, coefs, kind: int, bad_profile: str) -> bool:
+    """The fast path: decode, turn upright, resize, crop, mirror and convert into ``out`` with
+    the same results as Pillow's path; False (nothing written) where it leaves the image to that path."""
+    out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
+    transposed = header.orientation in _TRANSPOSED
+    width, height = (header.height, header.width) if transposed else (header.width, header.height)
+    scale = scale_for(width, height, out_h, out_w, size)
+    factor = 1
+    if scale <= 0.5:  # as _open_upright asks Pillow's draft
+        wanted = (int(width * scale) + 1, int(height * scale) + 1)
+        factor = jpeg.draft_factor(header, *(wanted[::-1] if transposed else wanted))
+    pixels = jpeg.decode(view, header, factor)
+    if pixels is None:
+        return False
+    pixels = jpeg.upright(pixels, header.orientation)
+    transform = transform_for(header.icc_profile, "L" if header.components == 1 else "RGB", space, bad_profile=bad_profile)
+    if transform.lcms:
+        return False
+    channels = out.shape[0] if chw else out.shape[2]
+    colour = None
+    if not (transform.identity and coefs is None and out.dtype == np.uint8 and pixels.shape[2] == channels):
+        scale_, offset = _affine(out.dtype, channels, coefs)
+        colour = (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve,
+                  transform.second, scale_, offset)
+    direct = out.flags.c_contiguous and out.dtype != np.float16
+    target = out if direct else np.empty(out.shape, np.uint8 if out.dtype == np.uint8 else np.float32)
+    box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
+    resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
+    if target is not out:
+        out[...] = target
+    return True
 
 
 def _check_arguments(out: np.ndarray, layout: str, size: int | None, crop: str, flip: bool, seed: int | None, space: str,

@@ -1,0 +1,214 @@
+"""JPEG files without Pillow: their markers read here, their pixels decoded by libjpeg-turbo.
+
+This is the first half of :func:`hydrax.image.decode_into`'s fast path. :func:`read_header` walks
+the marker segments up to the first scan and returns a :class:`JpegHeader` for the files that
+path handles: 8-bit Huffman-coded JPEGs (baseline, extended or progressive) with one or three
+components, their EXIF orientation and their ICC profile (APP2 chunks, joined as Pillow joins
+them). For anything else, and for anything it cannot read cleanly, it returns None and
+``decode_into`` takes Pillow's path, so an unusual or damaged file behaves exactly as it did
+before this path existed. :func:`decode` runs libjpeg-turbo (through simplejpeg, whose wheels
+carry it) into a buffer each thread keeps, scaled in the DCT domain by the factor Pillow's
+``draft`` would choose, so both paths see the same pixels.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    import simplejpeg
+except ImportError:  # the image extra brings it; without it every JPEG takes Pillow's path
+    simplejpeg = None
+
+#: The decode buffer a thread keeps between images (bigger images get one of their own).
+KEEP_BUFFER_BYTES = 64 << 20
+#: Start-of-frame markers of the files this path decodes: baseline, extended and progressive
+#: Huffman coding. Lossless, hierarchical and arithmetic-coded files take Pillow's path.
+_FRAMES = (0xC0, 0xC1, 0xC2)
+#: Other start-of-frame markers (0xC4 is DHT, 0xC8 reserved, 0xCC DAC).
+_OTHER_FRAMES = frozenset(range(0xC3, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_ORIENTATION_TAG = 0x0112
+_SHORT = 3
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What the fast path needs from a JPEG's markers.
+
+    ``width`` and ``height`` are as stored (before the EXIF ``orientation``, 1-8, is applied);
+    ``components`` is 1 (gray) or 3; ``icc_profile`` is the embedded profile or None.
+    """
+
+    width: int
+    height: int
+    components: int
+    orientation: int
+    icc_profile: bytes | None
+
+
+def read_header(data: memoryview, max_pixels: int | None = None) -> JpegHeader | None:
+    """The header of the JPEG in ``data``, or None where the fast path should not take it: not a
+    JPEG, another coding or precision, CMYK, more pixels than ``max_pixels``, several EXIF
+    blocks, an orientation only XMP gives, a multi-picture file, or any segment that does not
+    parse. Reads the markers only, never the entropy-coded data."""
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
+        return None
+    frame, exif, icc = None, None, []
+    at, end = 2, len(data)
+    while True:
+        if at + 4 > end or data[at] != 0xFF:
+            return None
+        while at < end and data[at] == 0xFF:  # fill bytes may precede a marker
+            at += 1
+        if at + 3 > end:
+            return None
+        marker = data[at]
+        length = (data[at + 1] << 8) | data[at + 2]
+        if length < 2 or at + 1 + length > end:
+            return None
+        segment = data[at + 3 : at + 1 + length]
+        at += 1 + length
+        if marker == 0xDA:  # start of scan: the entropy-coded data follows
+            break
+        if marker in _FRAMES:
+            if frame is not None:
+                return None
+            frame = _frame(segment)
+            if frame is None:
+                return None
+        elif marker in _OTHER_FRAMES or not 0xC0 <= marker <= 0xFE or 0xD0 <= marker <= 0xD9:
+            return None  # another coding, or a marker that has no segment where one must be
+        elif not _note_segment(marker, segment, icc, exif_seen=exif is not None):
+            return None
+        elif marker == 0xE1 and segment[:6] == b"Exif\0\0":
+            exif = segment[6:]
+    if frame is None:
+        return None
+    width, height, components = frame
+    if max_pixels and width * height > max_pixels:
+        return None  # Pillow's path warns or refuses, as it always has
+    orientation = 1 if exif is None else _orientation(exif)
+    if orientation is None:
+        return None
+    return JpegHeader(width, height, components, orientation, _join_profile(icc))
+
+
+def _frame(segment: memoryview) -> tuple[int, int, int] | None:
+    """(width, height, components) of an 8-bit frame of 1 or 3 components, else None."""
+    if len(segment) < 6:
+        return None
+    precision, height, width, components = segment[0], (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4], segment[5]
+    if precision != 8 or components not in (1, 3) or len(segment) < 6 + 3 * components or width < 1 or height < 1:
+        return None
+    return width, height, components
+
+
+def _note_segment(marker: int, segment: memoryview, icc: list[bytes], exif_seen: bool) -> bool:
+    """Collect what an APPn segment holds for us; False where the file is one to leave to Pillow."""
+    if marker == 0xE1:
+        if segment[:6] == b"Exif\0\0":
+            return not exif_seen  # Pillow joins several; rare enough to leave to it
+        # Pillow reads the orientation from XMP when EXIF has none
+        return not (segment[:29] == b"http://ns.adobe.com/xap/1.0/\0" and b"Orientation" in bytes(segment))
+    if marker == 0xE2:
+        if segment[:12] == b"ICC_PROFILE\0":
+            icc.append(bytes(segment))
+            return len(segment) >= 14
+        return segment[:4] != b"MPF\0"  # a multi-picture file: Pillow opens it as MPO
+    return True
+
+
+def _join_profile(chunks: list[bytes]) -> bytes | None:
+    """The ICC profile from its APP2 chunks (each at least 14 bytes) as Pillow joins them: in
+    order of sequence number, and None unless the first chunk's count is right."""
+    if not chunks:
+        return None
+    chunks = sorted(chunks)
+    if chunks[0][13] != len(chunks):
+        return None
+    return b"".join(chunk[14:] for chunk in chunks)
+
+
+def _orientation(exif: memoryview) -> int | None:
+    """The orientation tag of IFD0 of an EXIF block (1 where it has none), or None where the
+    block does not parse cleanly or the value is not 1-8 (Pillow's path then decides)."""
+    if len(exif) < 8:
+        return None
+    order = bytes(exif[:2])
+    if order not in (b"II", b"MM"):
+        return None
+    prefix = "<" if order == b"II" else ">"
+    magic, ifd = struct.unpack_from(prefix + "HI", exif, 2)
+    if magic != 42 or ifd < 8 or ifd + 2 > len(exif):
+        return None
+    (count,) = struct.unpack_from(prefix + "H", exif, ifd)
+    if ifd + 2 + 12 * count > len(exif):
+        return None
+    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
+        tag, kind, number = struct.unpack_from(prefix + "HHI", exif, entry)
+        if tag == _ORIENTATION_TAG:
+            if kind != _SHORT or number != 1:
+                return None
+            (value,) = struct.unpack_from(prefix + "H", exif, entry + 8)
+            return value if 1 <= value <= 8 else None
+    return 1
+
+
+def draft_factor(header: JpegHeader, wanted_width: int, wanted_height: int) -> int:
+    """The DCT scaling Pillow's ``draft`` picks for a decoded size of at least ``wanted_width``
+    x ``wanted_height`` (as stored): 1, 2, 4 or 8."""
+    scale = min(header.width // max(1, wanted_width), header.height // max(1, wanted_height))
+    return next(factor for factor in (8, 4, 2, 1) if scale >= factor)
+
+
+_local = threading.local()
+
+
+def _buffer(size: int) -> np.ndarray:
+    """At least ``size`` bytes to decode into: this thread's buffer, grown as needed."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is not None and buffer.nbytes >= size:
+        return buffer
+    buffer = np.empty(size, np.uint8)
+    if size <= KEEP_BUFFER_BYTES:
+        _local.buffer = buffer
+    return buffer
+
+
+def decode(data: memoryview, header: JpegHeader, factor: int = 1) -> np.ndarray | None:
+    """The pixels of the JPEG in ``data``, scaled by 1/``factor`` in the DCT domain: (H, W, 1 or
+    3) uint8, as stored (not turned upright), in this thread's buffer, so valid until the next
+    call. None where libjpeg-turbo reports anything at all, a warning included: Pillow's path
+    then decodes or words the error as it always has."""
+    if simplejpeg is None:
+        return None
+    height, width = -(-header.height // factor), -(-header.width // factor)
+    channels = 1 if header.components == 1 else 3
+    try:
+        pixels = simplejpeg.decode_jpeg(data, colorspace="GRAY" if channels == 1 else "RGB", min_factor=factor,
+                                        min_height=height, min_width=width, buffer=_buffer(height * width * channels),
+                                        strict=True)
+    except (ValueError, TypeError, RuntimeError, OverflowError):
+        return None
+    if pixels.shape != (height, width, channels):  # another scaling than Pillow's: leave it to Pillow
+        return None
+    return pixels
+
+
+def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """A view of stored ``pixels`` as EXIF ``orientation`` says they are seen (what Pillow's
+    ``ImageOps.exif_transpose`` makes, without a copy)."""
+    if orientation in (5, 6, 7, 8):
+        pixels = pixels.transpose(1, 0, 2)
+    if orientation in (2, 3, 6, 7):
+        pixels = pixels[:, ::-1]
+    if orientation in (3, 4, 7, 8):
+        pixels = pixels[::-1]
+    return pixels
+
+
+__all__ = ["JpegHeader", "decode", "draft_factor", "read_header", "upright"]
