@@ -1,32 +1,37 @@
-"""Benchmark: colour-managed decoding into a batch slot, against the plain decode and Pillow's ImageCms.
+"""Benchmark: JPEG bytes to a finished batch slot, per core, against the usual alternatives.
 
-    python tools/bench/bench_image.py [--images 64] [--repeat 5] [--width 500 --height 375] [--out 224]
+    python tools/bench/bench_image.py [--images 200] [--repeat 7] [--width 500 --height 375] [--out 224]
 
-Generates ``--images`` photo-like JPEGs (q90) three times: without a profile, with the sRGB
-profile embedded and with Adobe RGB (1998) embedded (profiles from ../shared/testdata/icc). Each
-is decoded into a ``--out`` square uint8 HWC slot (shorter side resized to ``out * 8 / 7``, centre
-crop) by:
+Needs ``opencv-python-headless`` besides hydrax's image extra (Pillow, simplejpeg). Generates
+``--images`` photo-like JPEGs (q90, about 60 kB at 500x375: coarse colour structure with fine
+grain), once without a profile and once with Adobe RGB (1998) embedded, pins itself to one
+core, and fills a ``--out`` square slot from each (resized by the smallest scale that covers
+the slot, centre crop) by:
 
-- ``hydrax.image.decode_into`` (plain, sRGB, Adobe RGB; and float32 CHW with ImageNet coefs);
-- Pillow with ImageCms and a transform built once and reused (decode, convert the decoded image,
-  resize into the slot): the usual way to colour-manage with Pillow;
-- Pillow with the transform rebuilt for every image (``ImageCms.profileToProfile``), as hydrax
-  0.2.2's ``open_srgb`` does.
+- ``decode_into`` from bytes: the fast path (libjpeg-turbo, then one kernel call), for uint8
+  HWC, float32 CHW with ``Coefs.IMAGENET_SRGB``, Adobe RGB input, and a random crop with flip;
+- ``decode_into`` from a file object: Pillow's path, which every JPEG took before (for the record);
+- simplejpeg decode + ``cv2.resize`` (bilinear, not antialiased) + crop, and OpenCV's own
+  ``imdecode`` + ``cv2.resize``: what a user writes by hand;
+- the decode alone, by Pillow and by simplejpeg (no resize): the floor.
 
-Runs are interleaved; each figure is the median over ``--repeat`` passes of ms per image, and the
-ratio is to the plain decode of the same run.
+Runs are interleaved; each figure is the median over ``--repeat`` passes of CPU ms per image
+(``time.process_time``, so a busy machine moves it less than wall time), and ratios are to
+Pillow's path in the same run. PSNR (uint8 rows) is against a reference made in float from the
+full-size decode with a Lanczos filter over the same crop.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageCms
+from PIL import Image
 
 from hydrax.image import Coefs, decode_into
 from hydrax.image.decode import crop_box
@@ -35,6 +40,7 @@ ICC = Path(__file__).resolve().parents[2] / "tests" / "data" / "icc"
 
 
 def photos(count: int, width: int, height: int, profile: bytes | None) -> list[bytes]:
+    """Photo-like JPEGs: smooth colour structure at two scales plus a fine grain, q90."""
     rng = np.random.default_rng(0)
     out = []
     for _ in range(count):
@@ -48,69 +54,98 @@ def photos(count: int, width: int, height: int, profile: bytes | None) -> list[b
     return out
 
 
-def pillow_into(data: bytes, out: np.ndarray, size: int, transform_for) -> None:
-    """Decode with Pillow (DCT scaling as decode_into does), colour-convert, resize into the slot."""
-    image = Image.open(io.BytesIO(data))
-    scale = size / min(image.size)
-    if scale <= 0.5:
-        image.draft("RGB", (int(image.width * scale) + 1, int(image.height * scale) + 1))
-    image.load()
-    image = transform_for(image)
-    box = crop_box(image.width, image.height, out.shape[0], out.shape[1], size, "center", None)
-    out[...] = np.asarray(image.resize((out.shape[1], out.shape[0]), Image.Resampling.BILINEAR, box=box))
+def psnr(result: np.ndarray, reference: np.ndarray) -> float:
+    error = np.mean((result.astype(np.float64) - reference) ** 2)
+    return float("inf") if error == 0 else 10 * np.log10(255.0**2 / error)
+
+
+def lanczos_reference(data: bytes, out: int) -> np.ndarray:
+    """The slot as a float reference: full decode, Lanczos over the same box, per channel in float."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    box = crop_box(image.width, image.height, out, out, None, "center", None)
+    planes = [np.asarray(Image.fromarray(np.asarray(image, np.float32)[:, :, c], "F").resize((out, out), Image.Resampling.LANCZOS, box=box))
+              for c in range(3)]
+    return np.clip(np.stack(planes, axis=2), 0, 255)
+
+
+def runs_for(out: int):
+    import cv2
+    import simplejpeg
+
+    cv2.setNumThreads(1)
+    slot = np.empty((out, out, 3), np.uint8)
+    chw = np.empty((3, out, out), np.float32)
+    decoded = np.empty(4000 * 4000 * 3, np.uint8)
+
+    def crop_to_slot(image: np.ndarray) -> np.ndarray:
+        height, width = image.shape[:2]
+        scale = out / min(height, width)
+        resized = cv2.resize(image, (max(out, round(width * scale)), max(out, round(height * scale))), interpolation=cv2.INTER_LINEAR)
+        top, left = (resized.shape[0] - out) // 2, (resized.shape[1] - out) // 2
+        slot[...] = resized[top : top + out, left : left + out]
+        return slot
+
+    def pillow_alone(data):
+        Image.open(io.BytesIO(data)).load()
+
+    return slot, chw, {
+        "decode_into (new), uint8 HWC": ("plain", lambda d: decode_into(d, slot)),
+        "decode_into (Pillow's path), uint8 HWC": ("plain", lambda d: decode_into(io.BytesIO(d), slot)),
+        "simplejpeg + cv2.resize, uint8 HWC": ("plain", lambda d: crop_to_slot(simplejpeg.decode_jpeg(d, buffer=decoded))),
+        "OpenCV imdecode + cv2.resize, uint8 HWC": ("plain", lambda d: crop_to_slot(cv2.cvtColor(cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB))),
+        "Pillow decode alone": ("plain", pillow_alone),
+        "simplejpeg decode alone": ("plain", lambda d: simplejpeg.decode_jpeg(d, buffer=decoded)),
+        "decode_into (new), float32 CHW + Coefs": ("plain", lambda d: decode_into(d, chw, layout="chw", coefs=Coefs.IMAGENET_SRGB)),
+        "decode_into (new), Adobe RGB, uint8 HWC": ("adobe", lambda d: decode_into(d, slot)),
+        "decode_into (new), random crop + flip": ("plain", lambda d: decode_into(d, slot, crop="random", flip=True, seed=len(d))),
+        "decode_into (Pillow's path), float32 CHW": ("plain", lambda d: decode_into(io.BytesIO(d), chw, layout="chw", coefs=Coefs.IMAGENET_SRGB)),
+        "decode_into (Pillow's path), Adobe RGB": ("adobe", lambda d: decode_into(io.BytesIO(d), slot)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--width", type=int, default=500)
     parser.add_argument("--height", type=int, default=375)
     parser.add_argument("--out", type=int, default=224)
+    parser.add_argument("--psnr-images", type=int, default=40, help="images the PSNR is averaged over")
     args = parser.parse_args()
-    size = args.out * 8 // 7
-    srgb_icc, adobe_icc = (ICC / "sRGB.icc").read_bytes(), (ICC / "AdobeRGB1998.icc").read_bytes()
-    plain, srgb, adobe = (photos(args.images, args.width, args.height, p) for p in (None, srgb_icc, adobe_icc))
-    slot = np.empty((args.out, args.out, 3), np.uint8)
-    chw = np.empty((3, args.out, args.out), np.float32)
-    srgb_profile = ImageCms.createProfile("sRGB")
-    cached = ImageCms.buildTransform(ImageCms.ImageCmsProfile(io.BytesIO(adobe_icc)), srgb_profile, "RGB", "RGB",
-                                     ImageCms.Intent.RELATIVE_COLORIMETRIC, 0x2400)
-
-    def rebuilt(image):
-        profile = ImageCms.ImageCmsProfile(io.BytesIO(image.info["icc_profile"]))
-        return ImageCms.profileToProfile(image, profile, srgb_profile, renderingIntent=ImageCms.Intent.RELATIVE_COLORIMETRIC,
-                                         outputMode="RGB", flags=0x2400)
-
-    runs = {
-        "hydrax decode_into, no profile (plain)": lambda d: decode_into(d, slot, size=size),
-        "hydrax decode_into, sRGB profile": lambda d: decode_into(d, slot, size=size),
-        "hydrax decode_into, Adobe RGB profile": lambda d: decode_into(d, slot, size=size),
-        "Pillow, no profile": lambda d: pillow_into(d, slot, size, lambda image: image),
-        "Pillow + ImageCms cached, Adobe RGB": lambda d: pillow_into(d, slot, size, lambda image: ImageCms.applyTransform(image, cached)),
-        "Pillow + ImageCms rebuilt, Adobe RGB": lambda d: pillow_into(d, slot, size, rebuilt),
-        "hydrax, float32 CHW ImageNet, no profile": lambda d: decode_into(d, chw, size=size, layout="chw", coefs=Coefs.IMAGENET_SRGB),
-        "hydrax, float32 CHW ImageNet, Adobe RGB": lambda d: decode_into(d, chw, size=size, layout="chw", coefs=Coefs.IMAGENET_SRGB),
-    }
-    inputs = {name: (adobe if "Adobe" in name else srgb if "sRGB profile" in name else plain) for name in runs}
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    inputs = {"plain": photos(args.images, args.width, args.height, None),
+              "adobe": photos(args.images, args.width, args.height, (ICC / "AdobeRGB1998.icc").read_bytes())}
+    slot, _, runs = runs_for(args.out)
+    quality = {}
+    references = [lanczos_reference(data, args.out) for data in inputs["plain"][: args.psnr_images]]
+    for name, (kind, run) in runs.items():
+        if kind == "plain" and "uint8" in name and "random" not in name:
+            scores = []
+            for data, reference in zip(inputs["plain"], references):
+                run(data)  # every uint8 row fills `slot`
+                scores.append(psnr(slot, reference))
+            quality[name] = statistics.mean(scores)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, run in runs.items():  # warm: caches, transforms
-        run(inputs[name][0])
     for _ in range(args.repeat):
-        for name, run in runs.items():
-            started = time.perf_counter()
-            for data in inputs[name]:
+        for name, (kind, run) in runs.items():
+            started = time.process_time()
+            for data in inputs[kind]:
                 run(data)
-            times[name].append((time.perf_counter() - started) / len(inputs[name]) * 1e3)
-    base = statistics.median(times["hydrax decode_into, no profile (plain)"])
-    pillow_base = statistics.median(times["Pillow, no profile"])
-    print(f"{args.images} JPEGs {args.width}x{args.height} q90 into a {args.out}x{args.out} slot; medians of {args.repeat} interleaved passes")
-    print(f"{'path':44} {'ms/image':>9} {'images/s':>9} {'vs plain':>9}")
-    for name, runs_ms in times.items():
-        ms = statistics.median(runs_ms)
-        reference = pillow_base if name.startswith("Pillow") else base
-        print(f"{name:44} {ms:9.3f} {1e3 / ms:9,.0f} {ms / reference:8.2f}x")
-    print("(Pillow rows are relative to 'Pillow, no profile'; hydrax rows to hydrax's plain decode)")
+            times[name].append((time.process_time() - started) / args.images * 1e3)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    base = medians["decode_into (Pillow's path), uint8 HWC"]
+    load = os.getloadavg()[0]
+    print(f"{args.images} JPEGs {args.width}x{args.height} q90 (mean {np.mean([len(d) for d in inputs['plain']]) / 1e3:.0f} kB) "
+          f"into a {args.out}x{args.out} slot; core {core} only; medians of {args.repeat} interleaved passes; load average {load:.2f}")
+    print(f"{'path':44} {'CPU ms/img':>10} {'img/s/core':>10} {'vs Pillow path':>14} {'PSNR dB':>8}")
+    for name, ms in medians.items():
+        score = f"{quality[name]:8.1f}" if name in quality else f"{'-':>8}"
+        print(f"{name:44} {ms:10.3f} {1e3 / ms:10,.0f} {base / ms:13.2f}x {score}")
+    new = medians["decode_into (new), uint8 HWC"]
+    print(f"new vs simplejpeg + cv2.resize: {medians['simplejpeg + cv2.resize, uint8 HWC'] / new:.2f}x; "
+          f"float32 CHW / uint8: {medians['decode_into (new), float32 CHW + Coefs'] / new:.2f}; "
+          f"Adobe RGB / uint8: {medians['decode_into (new), Adobe RGB, uint8 HWC'] / new:.2f}")
 
 
 if __name__ == "__main__":
