@@ -120,6 +120,7 @@ class Pipeline:
         self._finished: dict[int, tuple[InFlight, Queued]] = {}
         self._next_seq = self._deliver_seq = self._task_id = 0
         self._exhausted = False
+        self._no_readers = False  # every worker has exited: tasks cannot be sent
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -242,7 +243,7 @@ class Pipeline:
         return False
 
     def _fill(self) -> None:
-        while not self._exhausted and not self._stopping.is_set():
+        while not self._exhausted and not self._no_readers and not self._stopping.is_set():
             slot = self._arena.acquire()
             if slot is None:
                 return
@@ -251,7 +252,13 @@ class Pipeline:
                 self._exhausted = True
                 self._arena.free_now(slot)
                 return
-            self._submit(*taken, slot)
+            try:
+                self._submit(*taken, slot)
+            except BrokenPipeError:
+                # No worker is left to read tasks. Each exit makes its sentinel readable, so the
+                # selector reports which worker died and on which item, as for any other death.
+                self._no_readers = True
+                return
             self._announcer.top_up()
 
     # -- batches in ----------------------------------------------------------------------------
