@@ -85,6 +85,8 @@ def child(mode: str, urls: list[str], processes: int) -> dict:
     from hydrax.shards import ShardSet
 
     group = DataGroup(BATCH, ShardSet(urls), loader_arrays={"image": ((SIDE, SIDE, 3), np.uint8, jnp.uint8)})
+    import resource
+
     first = None
     images = 0
     with Dataloader(loader_function(mode), group, loader_count=processes, end_at=("epoch", 1)) as loader:
@@ -92,10 +94,14 @@ def child(mode: str, urls: list[str], processes: int) -> dict:
             batch.arrays["image"].block_until_ready()
             if first is None:
                 first = time.perf_counter()
+                cpu = resource.getrusage(resource.RUSAGE_SELF)
+                cpu_first = cpu.ru_utime + cpu.ru_stime
             else:
                 images += BATCH
             del batch
-    return {"images_per_s": images / (time.perf_counter() - first)}
+        elapsed = time.perf_counter() - first
+        cpu = resource.getrusage(resource.RUSAGE_SELF)
+    return {"images_per_s": images / elapsed, "main_cpu": (cpu.ru_utime + cpu.ru_stime - cpu_first) / elapsed}
 
 
 def single_core(urls: list[str], limit: int = 300) -> float:
@@ -137,20 +143,24 @@ def main() -> None:
     except ImportError:
         pass
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    main_cpu: dict[str, list[float]] = {mode: [] for mode in modes}
     single = []
     for _ in range(args.repeat):
         for mode in modes:
             result = subprocess.run([sys.executable, __file__, "--child", mode, "--images", str(args.images), "--processes",
                                      str(args.processes), "--cache-dir", str(args.cache_dir)], capture_output=True, text=True, check=True)
-            rates[mode].append(json.loads(result.stdout.strip().splitlines()[-1])["images_per_s"])
+            figures = json.loads(result.stdout.strip().splitlines()[-1])
+            rates[mode].append(figures["images_per_s"])
+            main_cpu[mode].append(figures["main_cpu"])
         single.append(single_core(urls))
     one = statistics.median(single)
     print(f"{args.images} JPEGs 500x375 q90 in {len(urls)} shards, {args.processes} loaders, batch {BATCH}, uint8 {SIDE}x{SIDE}x3; "
           f"medians of {args.repeat} interleaved runs; load average {os.getloadavg()[0]:.2f}")
-    print(f"{'loader function':12} {'images/s':>9} {'vs pillow':>10} {'vs processes x single-core new':>31}")
+    print(f"{'loader function':12} {'images/s':>9} {'vs pillow':>10} {'vs processes x single-core new':>31} {'main process CPU':>17}")
     for mode in modes:
         rate = statistics.median(rates[mode])
-        print(f"{mode:12} {rate:9,.0f} {rate / statistics.median(rates['pillow']):9.2f}x {rate / (args.processes * one):30.2f}")
+        print(f"{mode:12} {rate:9,.0f} {rate / statistics.median(rates['pillow']):9.2f}x {rate / (args.processes * one):30.2f} "
+              f"{statistics.median(main_cpu[mode]):16.0%}")
     print(f"single-core decode_into (new): {one:,.0f} images/s")
 
 
