@@ -525,3 +525,10 @@ def test_a_damaged_jpeg_fails_as_it_did_through_pillow():
             messages.append(str(caught.value))
         assert messages[0] == messages[1]
         assert messages[0].startswith(f"bytes of length {len(damaged)}: ")
+
+
+def test_an_unknown_filter_is_refused_in_pillows_words_for_jpegs_too():
+    data = _jpeg(60, 40)
+    for filter_ in (99, "bilinear"):
+        with pytest.raises((ValueError, TypeError), match="resampl|filter"):
+            decode_into(data, np.zeros((20, 20, 3), np.uint8), resample=filter_)

@@ -252,7 +252,8 @@ def decode_into(
     chw, channels, out_h, out_w, intent, flags = _check_arguments(out, layout, size, crop, flip, seed, space, coefs,
                                                                   convert, bad_profile)
     filter_ = Image.Resampling.BILINEAR if resample is None else resample
-    if (formats is None or "JPEG" in formats) and int(filter_) in FILTERS:
+    # (anything else given as the filter goes to Pillow, which words the error)
+    if (formats is None or "JPEG" in formats) and isinstance(filter_, int) and filter_ in FILTERS:
         header_and_view = _plain_jpeg(data)
         if header_and_view is not None and _jpeg_into(*header_and_view, out, chw=chw, size=size, crop=crop,
                                                       flip=flip and flips(seed), seed=seed, space=space, coefs=coefs,
