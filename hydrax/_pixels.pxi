@@ -9,7 +9,10 @@
 # image, and in numpy each of those stages would be a pass over the whole image with a temporary
 # array of its own.
 
-from libc.stdint cimport uint8_t
+from libc.stdint cimport int32_t, uint8_t
+
+cdef extern from "_simd.h":
+    void hx_code_indices(const float* values, Py_ssize_t n, float steps, int32_t* out) nogil
 from libc.stdlib cimport malloc
 
 
@@ -215,12 +218,16 @@ cdef void _convert_row(const ColourPlan* p, const unsigned char* s, pixel_out_t*
         o += (width - 1) * step
         step = -step
     cdef float code_steps = p.code_steps, sc, of
-    for c in range(p.out_channels):  # store: one channel at a time, HWC or CHW
+    cdef int32_t* index = <int32_t*>alp  # free once alpha is stored, which it is first
+    for c in range(p.out_channels - 1, -1, -1):  # store: one channel at a time, HWC or CHW
         dest = o + (c * plane if chw else c)
         values = planes[c]
         if codes != NULL and c < 3:
+            # the indices four at a time (the same arithmetic as _clip01 and a scalar product),
+            # then the lookups
+            hx_code_indices(values, width, code_steps, index)
             for x in range(width):
-                dest[x * step] = codes[<Py_ssize_t>(_clip01(values[x]) * code_steps + 0.5)]
+                dest[x * step] = codes[index[x]]
             continue
         sc = p.sc[c]
         of = p.of[c]

@@ -302,4 +302,28 @@ static void hx_vertical_row(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_t 
     }
 }
 
+/* Indices into _pixels.pxi's table of final 8-bit sRGB codes for n linear-light values: each
+ * clipped to [0, 1] (NaN to 0), times steps in float, plus one half in double, truncated: the
+ * scalar loop's arithmetic step for step, four values at a time. (max then min give NaN and -0.0
+ * the index 0 the scalar clip gives them.) */
+static inline void hx_code_indices(const float *values, ptrdiff_t n, float steps, int32_t *out)
+{
+    ptrdiff_t x = 0;
+#ifdef HX_SSE2
+    const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f), scale = _mm_set1_ps(steps);
+    const __m128d half = _mm_set1_pd(0.5);
+    for (; x + 4 <= n; x += 4) {
+        __m128 v = _mm_mul_ps(_mm_min_ps(_mm_max_ps(_mm_loadu_ps(values + x), zero), one), scale);
+        __m128i low = _mm_cvttpd_epi32(_mm_add_pd(_mm_cvtps_pd(v), half));
+        __m128i high = _mm_cvttpd_epi32(_mm_add_pd(_mm_cvtps_pd(_mm_movehl_ps(v, v)), half));
+        _mm_storeu_si128((__m128i *)(out + x), _mm_unpacklo_epi64(low, high));
+    }
+#endif
+    for (; x < n; x++) {
+        float v = values[x];
+        v = (v >= 0.0f && v <= 1.0f) ? v : (v > 1.0f ? 1.0f : 0.0f);
+        out[x] = (int32_t)((double)(v * steps) + 0.5);
+    }
+}
+
 #endif /* HYDRAX_SIMD_H */

@@ -282,3 +282,35 @@ def test_the_type_stub_lists_exactly_the_compiled_names():
     compiled = {name for name in dir(_core) if not name.startswith("_") and getattr(getattr(_core, name), "__module__", None) == "hydrax._core"}
     assert stubbed == compiled
     assert stub.with_name("py.typed").exists()
+
+
+def test_the_direct_srgb_codes_match_a_numpy_oracle_on_extreme_values():
+    """8-bit sRGB output goes through a table of final codes indexed four values at a time (SSE2
+    on x86-64): the indices must be the scalar arithmetic's, for -0.0, NaN, huge and out-of-range
+    values alike."""
+    from pathlib import Path
+
+    from hydrax.image.transform import transform_for
+
+    adobe = (Path(__file__).parent / "data" / "icc" / "AdobeRGB1998.icc").read_bytes()
+    t = transform_for(adobe, "RGB", "srgb")  # a wide-gamut source: its sRGB output uses the code table
+    assert len(t.byte_curve) > 1
+    rng = np.random.default_rng(7)
+    special = np.array([-0.0, 0.0, -1e-30, 1.0, 1.0000001, 0.99999994, -5.0, 7.0, 2.9e38, -2.9e38, 0.5, 3.0518e-05], np.float32)
+    steps = np.float32(len(t.byte_curve) - 1)
+    for trial in range(12):
+        lin = rng.choice(np.concatenate([special, rng.uniform(-0.5, 1.5, 40).astype(np.float32)]), (3, 256)).astype(np.float32)
+        matrix = (rng.uniform(-2, 2, (3, 3)) if trial % 2 else np.eye(3) * rng.choice([1.0, -1.0, 1e30])).astype(np.float32)
+        src = rng.integers(0, 256, (9, 67, 3), np.uint8)
+        out = np.zeros((9, 67, 3), np.uint8)
+        _core.convert_pixels(src, out, False, lin, matrix, 0, t.curve, t.byte_curve, np.zeros((3, 3), np.float32),
+                             np.full(4, 255, np.float32), np.zeros(4, np.float32))
+        with np.errstate(over="ignore", invalid="ignore"):
+            r, g, b = (lin[c][src[:, :, c]] for c in range(3))
+            mixed = [matrix[c, 0] * r + matrix[c, 1] * g + matrix[c, 2] * b for c in range(3)]  # float32, left to right
+            expected = []
+            for v in mixed:
+                clipped = np.where((v >= 0) & (v <= 1), v, np.where(v > 1, np.float32(1), np.float32(0))).astype(np.float32)
+                index = np.trunc((clipped * steps).astype(np.float64) + 0.5).astype(np.int64)
+                expected.append(t.byte_curve[index])
+        np.testing.assert_array_equal(out, np.stack(expected, axis=2))
