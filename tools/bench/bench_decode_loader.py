@@ -112,14 +112,17 @@ def single_core(urls: list[str], limit: int = 300) -> float:
     samples = ShardSet(urls)
     data = [bytes(samples[i]["jpg"]) for i in range(min(limit, len(samples)))]
     slot = np.empty((SIDE, SIDE, 3), np.uint8)
-    core = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
-    rates = []
-    for _ in range(3):
-        started = time.process_time()
-        for item in data:
-            decode_into(item, slot)
-        rates.append(len(data) / (time.process_time() - started))
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        rates = []
+        for _ in range(3):
+            started = time.process_time()
+            for item in data:
+                decode_into(item, slot)
+            rates.append(len(data) / (time.process_time() - started))
+    finally:  # the loader runs started after this inherit the mask
+        os.sched_setaffinity(0, cores)
     return statistics.median(rates)
 
 
