@@ -21,6 +21,11 @@ cdef enum:
     PIXELS_ENCODE_LINEAR = 1  # clip to [0, 1]
     PIXELS_ENCODE_OKLAB = 2   # cube root, then a second matrix; no clipping (Oklab holds any gamut)
 
+cdef enum:
+    # Images of more pixels than this convert through a table where they can (see _tabulate):
+    # making one costs the conversion of a 256-pixel row.
+    PIXELS_TABLE_MIN = 4096
+
 ctypedef fused pixel_out_t:
     uint8_t
     float
@@ -296,7 +301,7 @@ def convert_pixels(const unsigned char[:, :, ::1] src, pixel_out_t[:, :, ::1] ou
     cdef pixel_out_t* o = &out[0, 0, 0]
     cdef Py_ssize_t y
     with nogil:
-        if plane > 4096:  # a table costs a 256-pixel row
+        if plane > PIXELS_TABLE_MIN:
             _tabulate(&plan, table, row)
         for y in range(height):
             _convert_row(&plan, &src[y, 0, 0], o + (y * width if chw else y * width * plan.out_channels), width, plane,

@@ -382,7 +382,7 @@ def resample_into(const unsigned char[:, :, :] src, pixel_out_t[:, :, ::1] out, 
     cdef Py_ssize_t strides[3]
     strides[0], strides[1], strides[2] = src.strides[0], src.strides[1], src.strides[2]
     with nogil:
-        if colour is not None and out_height * out_width > 4096:  # as convert_pixels: a table costs a 256-pixel row
+        if colour is not None and out_height * out_width > PIXELS_TABLE_MIN:
             _tabulate(&plan, <pixel_out_t*>(scratch + row_floats), scratch)
         _resample_rows(&src[0, 0, 0], strides, channels, columns, rows, vertical_first, temp, sums, line, scratch,
                        &out[0, 0, 0], chw, flip, NULL if colour is None else &plan)

@@ -532,3 +532,20 @@ def test_an_unknown_filter_is_refused_in_pillows_words_for_jpegs_too():
     for filter_ in (99, "bilinear"):
         with pytest.raises((ValueError, TypeError), match="resampl|filter"):
             decode_into(data, np.zeros((20, 20, 3), np.uint8), resample=filter_)
+
+
+def test_any_image_decodes_into_a_view_of_a_slot():
+    """A slot that is a view (not C-contiguous) is filled through a copy on both paths: a PNG
+    (Pillow's path) as a JPEG (the fast path)."""
+    from PIL import Image as _Image
+
+    rng = np.random.default_rng(9)
+    buffer = io.BytesIO()
+    _Image.fromarray(rng.integers(0, 256, (40, 60, 3), np.uint8)).save(buffer, "PNG")
+    for data in (buffer.getvalue(), _jpeg(60, 40)):
+        for dtype in (np.uint8, np.float32, np.float16):
+            whole, alone = np.zeros((32, 48, 3), dtype), np.zeros((20, 30, 3), dtype)
+            decode_into(data, whole[:20, :30], coefs=Coefs.IMAGENET_SRGB)
+            decode_into(data, alone, coefs=Coefs.IMAGENET_SRGB)
+            np.testing.assert_array_equal(whole[:20, :30], alone)
+            assert not whole[20:].any() and not whole[:, 30:].any()

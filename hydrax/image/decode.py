@@ -293,12 +293,8 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
     transposed = header.orientation in _TRANSPOSED
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
-    scale = scale_for(width, height, out_h, out_w, size)
-    factor = 1
-    if scale <= 0.5:  # as _open_upright asks Pillow's draft
-        wanted = (int(width * scale) + 1, int(height * scale) + 1)
-        factor = jpeg.draft_factor(header, *(wanted[::-1] if transposed else wanted))
-    pixels = jpeg.decode(view, header, factor)
+    draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), transposed)
+    pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
     if pixels is None:
         return False
     pixels = jpeg.upright(pixels, header.orientation)
@@ -308,11 +304,8 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     channels = out.shape[0] if chw else out.shape[2]
     colour = None
     if not (transform.identity and coefs is None and out.dtype == np.uint8 and pixels.shape[2] == channels):
-        scale_, offset = _affine(out.dtype, channels, coefs)
-        colour = (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve,
-                  transform.second, scale_, offset)
-    direct = out.flags.c_contiguous and out.dtype != np.float16
-    target = out if direct else np.empty(out.shape, np.uint8 if out.dtype == np.uint8 else np.float32)
+        colour = _colour_tables(transform, out.dtype, channels, coefs)
+    target = _kernel_target(out)
     box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
     resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
     if target is not out:
@@ -357,10 +350,9 @@ def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None):
     width, height = image.size
     if orientation in _TRANSPOSED:
         width, height = height, width
-    scale = scale_for(width, height, out_h, out_w, size)
-    if image.format == "JPEG" and scale <= 0.5:
-        wanted = (int(width * scale) + 1, int(height * scale) + 1)
-        image.draft(image.mode, wanted[::-1] if orientation in _TRANSPOSED else wanted)
+    draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), orientation in _TRANSPOSED)
+    if image.format == "JPEG" and draft is not None:
+        image.draft(image.mode, draft)
     _load(image, name)
     if orientation not in (None, 1):
         from PIL import ImageOps
@@ -402,12 +394,35 @@ def _write(image, transform: PixelTransform, out: np.ndarray, chw: bool, channel
             and pixels.shape[2] == channels):
         np.copyto(out, pixels)  # an sRGB image into an sRGB slot: the decoded pixels are the result
         return
-    scale, offset = _affine(out.dtype, channels, coefs)
-    target = out if out.dtype != np.float16 else np.empty(out.shape, np.float32)
-    _core.convert_pixels(np.ascontiguousarray(pixels), target, chw, transform.lin, transform.matrix, transform.encode,
-                         transform.curve, transform.byte_curve, transform.second, scale, offset)
+    target = _kernel_target(out)
+    _core.convert_pixels(np.ascontiguousarray(pixels), target, chw, *_colour_tables(transform, out.dtype, channels, coefs))
     if target is not out:
         out[...] = target
+
+
+def _draft_size(width: int, height: int, scale: float, transposed: bool) -> tuple[int, int] | None:
+    """The size (as stored) a JPEG that is ``width`` x ``height`` upright is asked to decode at,
+    for a resize by ``scale``; None where the scale is over a half (no DCT scaling). Both paths
+    ask the same, so they decode the same pixels."""
+    if scale > 0.5:
+        return None
+    wanted = (int(width * scale) + 1, int(height * scale) + 1)
+    return wanted[::-1] if transposed else wanted
+
+
+def _kernel_target(out: np.ndarray) -> np.ndarray:
+    """Where the kernels write for ``out``: ``out`` itself, or, for float16 or a slot that is not
+    C-contiguous (a view), an array of the kernels' dtype that is copied into ``out`` after."""
+    if out.flags.c_contiguous and out.dtype != np.float16:
+        return out
+    return np.empty(out.shape, np.uint8 if out.dtype == np.uint8 else np.float32)
+
+
+def _colour_tables(transform: PixelTransform, dtype: np.dtype, channels: int, coefs) -> tuple:
+    """The kernels' colour arguments, ``lin`` to ``offset``, for ``transform`` into ``dtype``."""
+    scale, offset = _affine(dtype, channels, coefs)
+    return (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve, transform.second,
+            scale, offset)
 
 
 def _affine(dtype: np.dtype, channels: int, coefs) -> tuple[np.ndarray, np.ndarray]:
