@@ -31,7 +31,7 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/python -m ruff check hydrax tests tools
+	$(BIN)/python -m ruff check hydrax tests tools examples
 
 # The mutation fuzzers at length (make test-all runs a few hundred mutants each, make test none);
 # no -m here, so the fuzz mark selects nothing away

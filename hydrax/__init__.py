@@ -6,18 +6,19 @@ program needs; the API is a drop-in for hydrax 0.2.2.
 
 from .batch import Batch, TrainingBatch, ValidationBatch
 from .debug import debug_batch_references
-from .errors import BatchFailedError, BatchTimeoutError, WorkerError
+from .errors import BatchFailedError, BatchTimeoutError, CheckpointMismatchError, WorkerError
 from .group import DataGroup
 from .layout import ArrayLayout, ArraySpec
 from .loader import Dataloader
+from .mixture import Mixture
 from .processes import is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc
 
 __version__ = "0.3.0.dev0"
 
 __all__ = [
-    "ArrayLayout", "ArraySpec", "Batch", "BatchFailedError", "BatchTimeoutError", "DataGroup", "Dataloader", "LoaderFunc",
-    "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
+    "ArrayLayout", "ArraySpec", "Batch", "BatchFailedError", "BatchTimeoutError", "CheckpointMismatchError", "DataGroup", "Dataloader", "LoaderFunc",
+    "Mixture", "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
 ]
 
 from .processes import watch_jax_start as _watch_jax_start

@@ -86,3 +86,22 @@ def feistel_windows(
     out: np.ndarray,
 ) -> None: ...
 def shuffle_runs(data: np.ndarray, bounds: np.ndarray, key: np.ndarray) -> None: ...
+def mixture_slots(
+    slots: np.ndarray,
+    batch_size: int,
+    ends: np.ndarray,
+    before: np.ndarray,
+    epoch_start: np.ndarray,
+    source: np.ndarray,
+    stream: np.ndarray,
+) -> None: ...
+def mixture_items(
+    source: np.ndarray,
+    stream: np.ndarray,
+    sizes: np.ndarray,
+    offsets: np.ndarray,
+    first_pass: np.ndarray,
+    key_rows: np.ndarray,
+    keys: np.ndarray,
+    out: np.ndarray,
+) -> None: ...

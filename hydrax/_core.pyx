@@ -52,14 +52,21 @@ extension to build and ship, with each family of kernels in an include file of i
   ``Generator(PCG64([*key, run])).shuffle`` would, so a ``"numpy"`` shardwise order of 100,000
   shards costs what one of 1,000 shards costs.
 
-``hydrax/_fallback.py`` has pure-Python twins of the tar, permutation and shuffle kernels; the
+``_mixture.pxi``: mixtures of sources.
+
+- :func:`mixture_slots` reads a mixture's stratified layout: the source, and the position in
+  that source's stream, of each shuffled slot of a block of batches (see :mod:`hydrax.mixing`).
+- :func:`mixture_items` takes those stream positions to items through each source's permuted
+  passes: a batch's items of every source and pass in one call.
+
+``hydrax/_fallback.py`` has pure-Python twins of the tar, permutation, shuffle and mixture kernels; the
 tests use them as the oracle (and numpy itself for the shuffles).
 """
 
 # The include files share this module's namespace: a name more than one family uses is cimported
 # here, any other in the file that uses it.
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 include "_arena.pxi"
@@ -68,3 +75,4 @@ include "_pixels.pxi"
 include "_resample.pxi"
 include "_permute.pxi"
 include "_shuffle.pxi"
+include "_mixture.pxi"

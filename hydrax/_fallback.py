@@ -3,7 +3,8 @@
 Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long as it keeps
 agreeing with its twin here. It also holds the numpy twins of the permutation kernels
 (``_permute.pxi``), :func:`feistel_permute` and :func:`feistel_windows`, and that of the shuffle
-kernel (``_shuffle.pxi``), :func:`shuffle_runs`, made of numpy's own generators.
+kernel (``_shuffle.pxi``), :func:`shuffle_runs`, made of numpy's own generators, and that of
+the mixture kernel (``_mixture.pxi``), :func:`mixture_slots`.
 """
 
 from __future__ import annotations
@@ -276,3 +277,42 @@ def shuffle_runs(data: np.ndarray, bounds, key) -> None:
     for run in range(len(bounds) - 1):
         a, b = int(bounds[run]), int(bounds[run + 1])
         data[a:b] = data[a:b][np.random.Generator(np.random.PCG64([*key, run])).permutation(b - a)]
+
+
+def mixture_slots(slots, batch_size: int, ends, before, epoch_start) -> tuple[np.ndarray, np.ndarray]:
+    """Twin of :func:`hydrax._core.mixture_slots`, returning ``(source, stream)``: each slot's
+    batch and place, the first source whose slots end after that place, and its stream position."""
+    slots = np.asarray(slots, np.int64).reshape(-1)
+    ends, before = np.asarray(ends, np.int64), np.asarray(before, np.int64)
+    batch, place = np.divmod(slots, batch_size)
+    if len(slots) and (slots.min() < 0 or batch.max() >= ends.shape[1]):
+        raise ValueError("a slot is outside the block")
+    if (np.diff(ends, axis=0) < 0).any() or (ends[-1] != batch_size).any():
+        raise ValueError("the layout's tables are inconsistent")
+    source = (place[None, :] >= ends[:, batch]).sum(axis=0)
+    start = np.where(source > 0, ends[np.maximum(source - 1, 0), batch], 0)
+    return source, np.asarray(epoch_start, np.int64)[source] + before[source, batch] + place - start
+
+
+def mixture_items(source, stream, sizes, offsets, first_pass, key_rows, keys) -> np.ndarray:
+    """Twin of :func:`hydrax._core.mixture_items`, returning the items: each (source, pass)
+    through :func:`feistel_permute` with its row of keys; -1 for a source without rows."""
+    source, stream = np.asarray(source, np.int64), np.asarray(stream, np.int64)
+    sizes, offsets, first_pass, key_rows = (np.asarray(a, np.int64) for a in (sizes, offsets, first_pass, key_rows))
+    out = np.full(len(source), -1, np.int64)
+    if len(source) and (source.min() < 0 or source.max() >= len(sizes) or stream.min() < 0):
+        raise ValueError("an item has no source")
+    for s in np.unique(source).tolist():
+        if key_rows[s] == key_rows[s + 1]:
+            continue
+        chosen = source == s
+        turn, offset = np.divmod(stream[chosen], sizes[s])
+        rows = key_rows[s] + turn - first_pass[s]
+        if rows.min() < key_rows[s] or rows.max() >= key_rows[s + 1]:
+            raise ValueError("a pass has no key row")
+        mine = np.empty_like(offset)
+        for r in np.unique(rows).tolist():
+            now = rows == r
+            mine[now] = feistel_permute(sizes[s], np.asarray(keys)[r], offset[now])
+        out[chosen] = offsets[s] + mine
+    return out

@@ -13,7 +13,6 @@ from libc.stdint cimport int32_t, uint8_t
 
 cdef extern from "_simd.h":
     void hx_code_indices(const float* values, Py_ssize_t n, float steps, int32_t* out) nogil
-from libc.stdlib cimport malloc
 
 
 cdef enum:

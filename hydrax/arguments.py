@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
+from .checkpoint import LoaderState
 from .group import DataGroup
 from .hosts import jax_process_split
 from .processes import is_worker
@@ -124,14 +125,26 @@ def parse_validation(validation: Any) -> tuple[str | None, int, list[DataGroup]]
 
 
 def parse_start(start_at: Any) -> tuple[int, int]:
-    """``start_at`` as ``(epoch, batch)`` ints."""
+    """``start_at`` as ``(epoch, batch)`` ints (see :func:`parse_resume` for a saved state)."""
     try:
         epoch, batch = start_at
         return check_int("start_at epoch", epoch), check_int("start_at batch", batch)
     except (TypeError, ValueError) as exc:
         if "must not be negative" in str(exc):
             raise
-        raise TypeError(f"start_at must be (epoch, batch) ints, got {start_at!r}") from None
+        raise TypeError(f"start_at must be (epoch, batch) ints or a hydrax.checkpoint.LoaderState, got {start_at!r}") from None
+
+
+def parse_resume(start_at: Any) -> LoaderState | None:
+    """``start_at`` as a saved position: a :class:`~hydrax.checkpoint.LoaderState`, or the dict
+    of its ``to_dict()`` (a newer format raises :class:`~hydrax.errors.CheckpointFormatError`);
+    None when it is ``(epoch, batch)``. A mapping is never read as a pair: unpacking one would
+    give its first two keys."""
+    if isinstance(start_at, LoaderState):
+        return start_at
+    if isinstance(start_at, Mapping):
+        return LoaderState.from_dict(start_at)
+    return None
 
 
 def parse_end(end_at: Any) -> tuple[str, int] | None:

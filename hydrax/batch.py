@@ -109,6 +109,14 @@ class Batch(ABC, Generic[D]):
         """The item descriptors of this batch: ``data[i] == group[indices[i]]``."""
         return _BatchData(self._group, self._indices)
 
+    @property
+    def sources(self) -> np.ndarray | None:
+        """(hydrax extension) For a group whose data is a :class:`hydrax.Mixture`: the source
+        each item came from (an int64 array, one per item, indices into ``Mixture.sources``);
+        None for other data."""
+        source_of = getattr(self._group.data, "source_of", None)
+        return None if source_of is None else source_of(self._indices)
+
     def get_data(self, index: int) -> D:
         """The descriptor of item ``index`` of this batch."""
         return self._group[self._indices[index]]

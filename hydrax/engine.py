@@ -77,7 +77,7 @@ class Engine:
         self.agreement = self._agreement()
         self.pipeline = Pipeline(steps=iter_steps(self._plan), groups=self._groups, policy=policy, arena=self.arena,
                                  pool=self.pool, cache=self.cache, placement_func=self._functions.placement_func,
-                                 agreement=self.agreement)
+                                 agreement=self.agreement, stride=self._plan.stream[1] if self._plan.stream else 1)
         book = self.pipeline.orders.book
         config.orders = book.spec if book else None
         self.pipeline.prefill()

@@ -171,6 +171,47 @@ class ObjectChangedError(StoreError):
     """
 
 
+class RevisionMovedError(ObjectChangedError):
+    """A branch (or tag) of a Hugging Face Hub repository now points at another commit than the
+    one the cached indexes of its ``hf://`` shards were built from.
+
+    ``ShardSet("hf://datasets/org/name/...")`` reads the commit its revision (``"main"`` unless
+    ``revision=`` says otherwise) points at when it is set up, and records that commit beside the
+    indexes it caches. A later set-up that finds the branch moved raises this instead of quietly
+    training on other data. Fields, besides ``url`` (the shards as given):
+
+    - ``revision``: the branch or tag (``"main"``);
+    - ``expected``: the commit the cached indexes were built from;
+    - ``actual``: the commit the branch points at now;
+    - ``record``: the file that recorded ``expected`` (delete it to set up from ``actual``).
+
+    Pass ``revision=expected`` to keep reading the data the cache was built from.
+    """
+
+    def __init__(self, detail: str, *, revision: str | None = None, expected: str | None = None, actual: str | None = None,
+                 record: str | None = None, **place) -> None:
+        self.revision = revision
+        self.expected = expected
+        self.actual = actual
+        self.record = record
+        super().__init__(detail, **place)
+
+    def _replace(self, **changes) -> LocatedError:
+        fields = {name: getattr(self, name) for name in ("detail", "url", "offset", "key", "field", "subject", "revision", "expected",
+                                                         "actual", "record")}
+        fields.update(changes)
+        return type(self)(fields.pop("detail"), **fields)
+
+    def __reduce__(self):
+        return _rebuild_moved, (self.detail, self.url, self.offset, self.key, self.field, self.subject, self.revision, self.expected,
+                                self.actual, self.record)
+
+
+def _rebuild_moved(detail, url, offset, key, field, subject, revision, expected, actual, record):
+    return RevisionMovedError(detail, url=url, offset=offset, key=key, field=field, subject=subject, revision=revision,
+                              expected=expected, actual=actual, record=record)
+
+
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached, or kept failing, after the configured retries."""
 
@@ -390,3 +431,50 @@ class SchemaError(ServeError, ValueError):
     """A producer's arrays are not what the consumer expects (its ``schema``): the message names
     the array and the difference (name, dtype or shape). Raised on the producer's announcement,
     before any of its batches is handed out."""
+
+
+class CheckpointMismatchError(HydraxError, ValueError):
+    """A saved loader position (:class:`hydrax.checkpoint.LoaderState`) that belongs to another
+    dataset than the Dataloader asked to resume from it: resuming would not give the batches the
+    interrupted run would have given.
+
+    - ``expected``: the dataset fingerprint recorded in the checkpoint (what the resumed run
+      should have);
+    - ``actual``: this Dataloader's :attr:`~hydrax.Dataloader.dataset_fingerprint`;
+    - ``differences``: what differs, one phrase each (``"training group 0: batch_size is 32 in
+      the checkpoint, 64 here"``), as far as the checkpoint's summary of the dataset tells.
+
+    A ``ValueError``: the ``start_at`` argument does not fit the other arguments.
+    """
+
+    def __init__(self, message: str, *, expected: str, actual: str, differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+        self.differences = tuple(differences)
+
+    def __reduce__(self):
+        return (_rebuild_checkpoint_mismatch, (str(self), self.expected, self.actual, self.differences))
+
+
+def _rebuild_checkpoint_mismatch(message, expected, actual, differences):
+    return CheckpointMismatchError(message, expected=expected, actual=actual, differences=differences)
+
+
+class CheckpointFormatError(HydraxError, ValueError):
+    """A saved loader position this hydrax cannot read: written by a newer hydrax (a format
+    ``version`` above the ``supported`` one), or not a hydrax loader state at all (``version``
+    None). ``path`` names the file when it came from one."""
+
+    def __init__(self, message: str, *, version: int | None, supported: int, path: str | None = None) -> None:
+        super().__init__(message)
+        self.version = version
+        self.supported = supported
+        self.path = path
+
+    def __reduce__(self):
+        return (_rebuild_checkpoint_format, (str(self), self.version, self.supported, self.path))
+
+
+def _rebuild_checkpoint_format(message, version, supported, path):
+    return CheckpointFormatError(message, version=version, supported=supported, path=path)

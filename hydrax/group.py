@@ -17,6 +17,7 @@ import numpy as np
 
 from .cache import CacheSettings
 from .layout import ArrayLayout, ArraySpec, compute_layouts
+from .mixture import Mixture
 from .processes import watch_jax_start
 from .schedule import PERMUTATIONS, SHUFFLE_MODES, GroupPlan
 
@@ -36,7 +37,10 @@ class DataGroup(Sequence[D], Generic[D]):
     :param data: the item descriptors. A ``Sequence`` is kept by reference (do not modify it
         afterwards), and so is a numpy array (or any other buffer, as an array): a ``range`` or an
         array of a billion items costs nothing more. Any other iterable is materialised with
-        ``list``. Items are passed to the ``loader_func`` in worker processes.
+        ``list``. Items are passed to the ``loader_func`` in worker processes. A
+        :class:`hydrax.Mixture` mixes several sources by weight: an epoch then has its
+        ``epoch_size`` positions, ``shuffle_later`` may be ``"itemwise"`` (the default for it) or
+        ``"shardwise"``, and its orders are always computed (``permutation`` does not apply).
     :param loader_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays the loader
         fills for each item. Each array of a batch has shape ``(batch_size, *item_shape)``.
     :param cache_arrays: ``name -> (item_shape, numpy_dtype, jax_dtype)`` of the arrays of a
@@ -109,23 +113,30 @@ class DataGroup(Sequence[D], Generic[D]):
         if permutation not in PERMUTATIONS:
             raise ValueError(f"permutation must be 'numpy' (hydrax 0.2.2's orders, stored) or 'lazy' (computed, O(1) memory), "
                              f"got {permutation!r}")
-        self._permutation = permutation
         self._data = _as_sequence(data)
-        _check_batch_size_and_seed(batch_size, len(self._data), seed)
-        self._batch_size = min(len(self._data), int(batch_size))
-        self._batch_count = len(self._data) // self._batch_size
+        mixture = self._data if isinstance(self._data, Mixture) else None
+        size = len(self._data) if mixture is None else mixture.epoch_size
+        _check_batch_size_and_seed(batch_size, size, seed)
+        self._batch_size = min(size, int(batch_size))
+        self._batch_count = size // self._batch_size
         self._cache = CacheSettings.resolve(loader_arrays, cache_arrays, cache_location, cache_readonly)
         self._seed = int(seed)
         self._shuffle_first = bool(shuffle_first)
+        if mixture is not None:
+            _check_mixture_modes(shuffle_first, shuffle_later, shard_partitions)
+            shuffle_later, permutation = ("itemwise" if shuffle_later == "default" else shuffle_later), "lazy"
+        self._permutation = permutation
         self._shuffle_later = self._cache.default_shuffle if shuffle_later == "default" else shuffle_later
         self._shard_window = int(shard_window)
         self._shard_sizes = _shard_sizes(self._data, shuffle_later, self._shard_window, shard_window)
-        self._shard_partitions = _shard_partitions(shard_partitions, shuffle_later, self._batch_size, batch_size, len(self._data))
+        self._shard_partitions = _shard_partitions(shard_partitions, shuffle_later, self._batch_size, batch_size, size)
+        self._mixture = None if mixture is None else mixture.mixture_plan(shardwise=shuffle_later == "shardwise")
         self._loader_layouts, self._loader_size = _layouts(self._batch_size, loader_arrays)
         self._cache_layouts, self._cache_size = _layouts(self._batch_size, self._cache.arrays, natural=True)
         watch_jax_start()  # JAX is imported now (the layouts use its dtypes)
 
-    # Sequence protocol: the group is its data.
+    # Sequence protocol: the group is its data (for a Mixture, all its sources' items; its
+    # epoch holds epoch_size positions).
     def __len__(self) -> int:
         return len(self._data)
 
@@ -212,7 +223,7 @@ class DataGroup(Sequence[D], Generic[D]):
         """(hydrax extension) What the schedule knows of the group (sizes, seed, shuffle modes,
         shards): the input of the pure functions of :mod:`hydrax.schedule`."""
         return GroupPlan(
-            size=len(self._data),
+            size=len(self._data) if self._mixture is None else self._data.epoch_size,
             batch_size=self._batch_size,
             batch_count=self._batch_count,
             seed=self._seed,
@@ -222,6 +233,7 @@ class DataGroup(Sequence[D], Generic[D]):
             shard_window=self._shard_window,
             shard_partitions=self._shard_partitions,
             permutation=self._permutation,
+            mixture=self._mixture,
         )
 
     def __repr__(self) -> str:
@@ -256,15 +268,32 @@ def _check_batch_size_and_seed(batch_size: Any, length: int, seed: Any) -> None:
 
 
 def _shard_sizes(data: Sequence, shuffle_later: str, window: int, given_window: Any) -> tuple[int, ...]:
-    """Samples per shard of a ``shardwise`` group's data (empty for the other modes)."""
+    """Samples per shard of a ``shardwise`` group's data (empty for the other modes, and for a
+    Mixture, whose sources keep their own)."""
     if shuffle_later != "shardwise":
+        return ()
+    if window < 1:
+        raise ValueError(f"shard_window must be at least 1, got {given_window}")
+    if isinstance(data, Mixture):
+        if not any(callable(getattr(source, "shard_sizes", None)) for source in data.sources):
+            raise ValueError("shuffle_later='shardwise' needs a Mixture with at least one source that knows its shards "
+                             "(a hydrax.shards.ShardSet); use 'itemwise' for sources without shards")
         return ()
     sizes = getattr(data, "shard_sizes", None)
     if sizes is None:
         raise ValueError("shuffle_later='shardwise' needs data that knows its shards (a hydrax.shards.ShardSet)")
-    if window < 1:
-        raise ValueError(f"shard_window must be at least 1, got {given_window}")
     return tuple(int(n) for n in sizes())
+
+
+def _check_mixture_modes(shuffle_first: Any, shuffle_later: str, partitions: Any) -> None:
+    """A Mixture shuffles every pass of its sources itself: only the modes that say how they are read apply."""
+    if shuffle_later not in ("default", "itemwise", "shardwise"):
+        raise ValueError(f"shuffle_later={shuffle_later!r} does not apply to a Mixture, which draws new items every epoch: "
+                         "use 'itemwise' (the default) or 'shardwise' (sources with shards read shard by shard)")
+    if shuffle_first:
+        raise ValueError("shuffle_first does not apply to a Mixture: it shuffles every pass of every source itself")
+    if partitions != 1:
+        raise ValueError("shard_partitions does not apply to a Mixture (its sources' shards are not partitioned by host)")
 
 
 def _shard_partitions(partitions: Any, shuffle_later: str, batch_size: int, given_batch_size: Any, length: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import logging
 import os
 import queue
@@ -21,8 +22,9 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Generic, TypeVar
 
-from .arguments import as_groups, check_functions, check_int, parse_end, parse_start, parse_validation, run_policy
+from .arguments import as_groups, check_functions, check_int, parse_end, parse_resume, parse_start, parse_validation, run_policy
 from .batch import Batch
+from .checkpoint import LoaderState, LoopPosition, check_resume, dataset_fingerprint, dataset_summary, schedule_start
 from .engine import Engine, RunFunctions, warm_up
 from .errors import BatchFailedError, BatchTimeoutError
 from .group import DataGroup
@@ -112,7 +114,12 @@ class Dataloader(Generic[D]):
     :param cacher_count: threads that write batch files of the groups' on-disk caches (at least 1
         when a group's cache is writable; at most ``depth``). 0 when every cache is read-only.
     :param start_at: ``(epoch, batch)`` to start from; batches before it are skipped but numbered,
-        shuffled and seeded exactly as in an uninterrupted run, so a resume is bit-exact.
+        shuffled and seeded exactly as in an uninterrupted run, so a resume is bit-exact. Or a
+        :class:`hydrax.checkpoint.LoaderState` from :meth:`state` (or the dict of its
+        ``to_dict()``): the run resumes right after the last batch the saving run's loop
+        received, a validation run it stopped inside included, and refuses a state saved for
+        another dataset with :class:`hydrax.errors.CheckpointMismatchError` (see the
+        "Checkpoints and exact resume" guide).
     :param end_at: ``("epoch", n)`` or ``("batch", n)`` to stop before absolute epoch or batch
         ``n``; None or ``("never", ...)`` to run until interrupted.
     :param interleave_groups: with several training groups, pick the least-consumed group before
@@ -169,7 +176,7 @@ class Dataloader(Generic[D]):
         loader_count: int = 1,
         loader_nice: int = 0,
         cacher_count: int = 1,
-        start_at: tuple[int, int] = (0, 0),
+        start_at: tuple[int, int] | LoaderState = (0, 0),
         end_at: tuple[str, int] | None = None,
         interleave_groups: bool = True,
         deterministic: bool = True,
@@ -194,11 +201,20 @@ class Dataloader(Generic[D]):
             on_item_error=on_item_error, max_consecutive_failures=max_consecutive_failures, process_index=process_index,
             process_count=process_count, sharding=sharding, placement_func=placement_func,
         )
+        resume = parse_resume(start_at)
+        start, self._skip = schedule_start(resume) if resume is not None else (parse_start(start_at), 0)
         # Checks or creates every cache's descriptor, as hydrax 0.2.2 did (a mismatch raises here).
         self._plan, self._groups = plan_run(
             training_groups, validation_groups, policy, validation_mode=validation_mode, validation_interval=validation_interval,
-            start_at=parse_start(start_at), end_at=parse_end(end_at), interleave=bool(interleave_groups), sharding=sharding,
+            start_at=start, end_at=parse_end(end_at), interleave=bool(interleave_groups), sharding=sharding,
         )
+        if resume is not None:
+            check_resume(resume, self._plan, policy.process_index, policy.process_count)
+        if self._skip:
+            # a resume inside a validation run: the schedule starts at the training batch before it
+            self._plan = dataclasses.replace(self._plan, stream=(0, 1, self._skip))
+        self._position = LoopPosition(self._plan, resume.validation_batch if resume is not None else None)
+        self._dataset: tuple[str, dict] | None = None
         self._policy = with_cachers(policy, self._groups)
         self._functions = RunFunctions(loader_func, startup_func, placement_func)
         self._state = Lifecycle.NEW
@@ -234,15 +250,62 @@ class Dataloader(Generic[D]):
         index = check_int("stream index", index)
         if index >= count:
             raise ValueError(f"stream index {index} is not below the count {count}")
-        self._plan = dataclasses.replace(self._plan, stream=(index, count, check_int("stream first", first)))
+        first = check_int("stream first", first)
+        # Positions count from start_at: past the batches a resume inside a validation run skips.
+        skip = self._skip
+        self._plan = dataclasses.replace(self._plan, stream=((index + skip) % count, count, first + skip))
         self._policy = dataclasses.replace(self._policy, never_drop=True)
 
     @property
     def schedule_fingerprint(self) -> str:
         """A digest of what decides this run's batches (groups, sizes, seeds, shuffles,
         validation, ``start_at``, ``end_at``): equal for every producer serving a share of the
-        same run (:meth:`select_stream` does not change it)."""
-        return plan_fingerprint(self._plan)
+        same run (:meth:`select_stream` does not change it). See :attr:`dataset_fingerprint` for
+        what a resume checks."""
+        fingerprint = plan_fingerprint(self._plan)
+        if self._skip:
+            fingerprint = hashlib.sha256(f"{fingerprint} skip {self._skip}".encode()).hexdigest()[:16]
+        return fingerprint
+
+    @property
+    def dataset_fingerprint(self) -> str:
+        """(hydrax extension) A digest of what decides this run's batches (groups, sizes, seeds,
+        shuffle modes, validation), but not of ``start_at``, ``end_at``, the process count or
+        the stream share: a resumed run has its original's, which :meth:`state` records and
+        ``start_at=state`` checks."""
+        return self._dataset_facts()[0]
+
+    def _dataset_facts(self) -> tuple[str, dict]:
+        if self._dataset is None:
+            self._dataset = (dataset_fingerprint(self._plan), dataset_summary(self._plan))
+        return self._dataset
+
+    def state(self) -> LoaderState:
+        """(hydrax extension) Where the training loop stands, for ``Dataloader(..., start_at=state)``:
+        the next batch it has not received, in a :class:`hydrax.checkpoint.LoaderState` (small,
+        JSON-serialisable: save it with the model's checkpoint, see :mod:`hydrax.checkpoint`).
+
+        Call it after the step that used the last batch: every batch ``__next__`` has returned
+        counts as consumed, and the batches loaded ahead of the loop do not. Inside a validation
+        run (or right after the training batch it follows) the state says which validation batch
+        comes next, and the resumed run starts with the rest of that run. Any lifecycle: before
+        the run it is ``start_at``; after it ended or failed, the position after the last batch.
+
+        Raises ``RuntimeError`` with ``deterministic=False`` (batches come out of order, so no
+        position says which were received) and for a Dataloader serving a share of a stream
+        (:meth:`select_stream`).
+        """
+        if not self._policy.deterministic:
+            raise RuntimeError("state() needs deterministic=True: with deterministic=False batches are delivered out of "
+                               "schedule order, so no position says which of them the loop has received")
+        if self._plan.stream is not None and self._plan.stream[1] > 1:
+            raise RuntimeError("state() has no position to give for a Dataloader serving one share of a stream "
+                               "(select_stream): save the position of the run the consumer takes its batches from")
+        number, pending = self._position.current()
+        bpe = self._plan.batches_per_epoch
+        fingerprint, summary = self._dataset_facts()
+        return LoaderState(epoch=number // bpe, batch=number % bpe, fingerprint=fingerprint, validation_batch=pending,
+                           process_index=self._policy.process_index, process_count=self._policy.process_count, dataset=summary)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -257,7 +320,7 @@ class Dataloader(Generic[D]):
     @property
     def first_batch(self) -> int:
         """The global number of the first training batch of this run."""
-        return self._plan.first_batch
+        return self._plan.first_batch + (1 if self._skip else 0)
 
     @property
     def last_batch(self) -> int | None:
@@ -398,6 +461,7 @@ class Dataloader(Generic[D]):
                     self._fail(exc)
                     raise
             self._delivered += 1
+            self._position.delivered(item)
             return item
 
     def _take(self) -> Any:

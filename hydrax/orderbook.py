@@ -50,8 +50,8 @@ def stored_epoch(plan: GroupPlan, epoch: int, training: bool) -> int | None:
 
 
 def needs_book(plan: GroupPlan, training: bool) -> bool:
-    """Whether the group has a stored order in some epoch: ``"numpy"`` and shuffled."""
-    if plan.permutation != "numpy":
+    """Whether the group has a stored order in some epoch: ``"numpy"`` and shuffled (a mixture's is always computed)."""
+    if plan.permutation != "numpy" or plan.mixture is not None:
         return False
     return (training and plan.shuffle_later in ("shardwise", "itemwise")) or plan.shuffle_first
 

@@ -14,7 +14,9 @@ Every kind of order answers :meth:`ItemOrder.local`: the items of this process's
 - :class:`ShareOrder`: only this process's share of every batch, as the order book stores it;
 - :class:`LazyItems`: a lazy permutation of all items (``shuffle_first``, ``itemwise``);
 - :class:`LazyShardwise`: the lazy ``shardwise`` order, with or without partitions, in O(S)
-  memory for S shards: shards permuted, items mixed within runs of ``shard_window`` shards.
+  memory for S shards: shards permuted, items mixed within runs of ``shard_window`` shards;
+- :class:`MixtureOrder`: a :class:`hydrax.Mixture`'s epoch, each position's source and item
+  computed from the stratified layout of :mod:`hydrax.mixing` and each source's lazy passes.
 
 :func:`epoch_order` picks the kind for a plan and an epoch; :class:`EpochOrders` keeps the few
 a process is using.
@@ -23,13 +25,15 @@ a process is using.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from . import _core
+from .mixing import RANDOM_RUN, Layout, run_length
 from .permute import permute, permute_windows, round_keys, round_keys_table
-from .schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, group_item_order, lazy_permutation, local_items,
-                       order_seed, share_positions)
+from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, balance_shards, group_item_order,
+                       lazy_permutation, local_items, order_seed, share_positions)
 
 
 class ItemOrder:
@@ -212,10 +216,192 @@ class LazyShardwise(ItemOrder):
         return self.stream.at(np.where(own, self.stream_base[partition] + t, spilled))
 
 
+class _Block(NamedTuple):
+    """What a block of a mixture's batches needs computed once: the shuffle keys of its runs, its
+    batches' slot ends and items before (``(sources, batches)``), and the round keys of every
+    pass of a permuted source it reads (source ``s``'s passes from ``first_pass[s]`` on, in rows
+    ``key_rows[s]`` to ``key_rows[s + 1]`` of ``pass_keys``)."""
+
+    shuffle_keys: np.ndarray
+    ends: np.ndarray
+    before: np.ndarray
+    first_pass: np.ndarray
+    key_rows: np.ndarray
+    pass_keys: np.ndarray
+
+
+class MixtureOrder(ItemOrder):
+    """A mixture's order in ``epoch``: position ``p`` is shuffled within its run of batches (one
+    batch for ``"stratified"``), lands on a slot of the stratified layout, which names a source
+    and a position in that source's stream of passes; the pass's own lazy order (shardwise for a
+    source with shards in a shardwise group) gives the item. O(S) memory for S sources; a batch
+    costs one shuffle and two kernel calls (:func:`hydrax._core.mixture_slots`,
+    :func:`hydrax._core.mixture_items`) whatever the sizes, the tables they read being computed
+    once per block of :attr:`BLOCK` batches."""
+
+    #: Passes of shardwise sources kept: a batch touches one or two passes of each.
+    KEEP_PASSES = 16
+    #: Batches whose tables are computed together (two such blocks are kept): one run of
+    #: ``"random"`` batching, 64 batches of ``"stratified"``.
+    BLOCK = RANDOM_RUN
+    #: Batches whose items are kept for the tasks that split them (a worker's tasks come from
+    #: the few batches being loaded at once).
+    KEEP_BATCHES = 8
+
+    def __init__(self, plan: GroupPlan, epoch: int) -> None:
+        self.plan = plan
+        self.epoch = int(epoch)
+        mixture = plan.mixture
+        self.layout = Layout.of(mixture.weights, plan.batch_size, plan.batch_count)
+        self.run = run_length(mixture.batching)
+        self.sizes = np.asarray(mixture.source_sizes, np.int64)
+        self.offsets = mixture.offsets
+        self._starts = np.ascontiguousarray(self.offsets[:-1])
+        self._epoch_start = self.epoch * self.layout.totals
+        # the sources read shardwise: their passes are windowed streams, permuted one by one
+        shards = mixture.source_shards or ((),) * len(self.sizes)
+        self._windowed = [s for s, sizes in enumerate(shards) if sizes and plan.shuffle_later == "shardwise"]
+        self._passes: OrderedDict[tuple[int, int], ItemOrder] = OrderedDict()
+        self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        # the batches a worker's tasks are slices of, (group_index, share) -> items
+        self._batches: OrderedDict[tuple, list[int]] = OrderedDict()
+
+    def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        # A worker's tasks are slices of a few batches at a time: each batch's items are computed once.
+        key = (group_index, plan.share)
+        items = self._batches.get(key)
+        if items is None:
+            items = self._batches[key] = self.at(local_positions(plan, group_index)).tolist()
+            if len(self._batches) > self.KEEP_BATCHES:
+                self._batches.popitem(last=False)
+        return items[first:end]
+
+    def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source of each of ``positions`` (a 1-d int array) and its position in that source's stream."""
+        return self._by_block(positions, self._place_block)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        where = np.asarray(positions, np.int64)
+        return self._by_block(where.reshape(-1), self._items_block)[0].reshape(where.shape)
+
+    def _by_block(self, positions, compute) -> tuple[np.ndarray, ...]:
+        """``compute(block, positions)`` for the positions of each block (a batch's are in one)."""
+        flat = np.asarray(positions, np.int64)
+        batch_size, batch_count = self.plan.batch_size, self.plan.batch_count
+        if not flat.size:
+            return flat.copy(), flat.copy()
+        low, high = int(flat.min()), int(flat.max())
+        if low < 0 or high >= batch_size * batch_count:
+            raise ValueError(f"a mixture's positions are those of its {batch_count} full batches of {batch_size}")
+        span = batch_size * self.BLOCK
+        if low // span == high // span:
+            return compute(low // span, flat)
+        outs = (np.empty_like(flat), np.empty_like(flat))
+        blocks = flat // span
+        for b in np.unique(blocks).tolist():
+            chosen = blocks == b
+            for out, part in zip(outs, compute(b, flat[chosen])):
+                out[chosen] = part
+        return outs
+
+    def _place_block(self, block: int, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Source and stream position of positions of block ``block``: shuffled within their run, then read off the layout."""
+        batch_size = self.plan.batch_size
+        tables = self._block(block)
+        first = block * self.BLOCK * batch_size
+        slots = np.empty_like(flat)
+        run_span = self.run * batch_size
+        low, high = (int(flat.min()) - first) // run_span, (int(flat.max()) - first) // run_span
+        runs = (flat - first) // run_span if low != high else None  # a batch's positions are in one run
+        for r in range(low, high + 1):
+            chosen = slice(None) if runs is None else runs == r
+            run_first = first + r * run_span
+            width = min(run_span, batch_size * self.plan.batch_count - run_first)
+            slots[chosen] = r * run_span + permute(width, tables.shuffle_keys[r], flat[chosen] - run_first)
+        source, stream = np.empty_like(slots), np.empty_like(slots)
+        _core.mixture_slots(slots, batch_size, tables.ends, tables.before, self._epoch_start, source, stream)
+        return source, stream
+
+    def _items_block(self, block: int, flat: np.ndarray) -> tuple[np.ndarray]:
+        source, stream = self._place_block(block, flat)
+        tables = self._block(block)
+        items = np.empty_like(flat)
+        _core.mixture_items(source, stream, self.sizes, self._starts, tables.first_pass, tables.key_rows, tables.pass_keys, items)
+        for s in self._windowed:
+            chosen = source == s
+            turn, offset = np.divmod(stream[chosen], self.sizes[s])
+            mine = np.empty_like(offset)
+            for t in np.unique(turn).tolist():
+                now = turn == t
+                mine[now] = self._pass(s, t).at(offset[now])
+            items[chosen] = self.offsets[s] + mine
+        return (items,)
+
+    def _block(self, block: int) -> _Block:
+        tables = self._blocks.get(block)
+        if tables is None:
+            tables = self._blocks[block] = self._make_block(block)
+            if len(self._blocks) > 2:
+                self._blocks.popitem(last=False)
+        return tables
+
+    def _make_block(self, block: int) -> _Block:
+        first = block * self.BLOCK
+        batches = np.arange(first, min(first + self.BLOCK, self.plan.batch_count), dtype=np.int64)
+        runs = np.arange(first // self.run, -(-(first + len(batches)) // self.run), dtype=np.int64)
+        counts = self.layout.counts(batches)
+        before = np.ascontiguousarray(self.layout.before(batches), np.int64)
+        # the stream positions the block reads of each source, so the passes they fall in
+        low = self._epoch_start + before[:, 0]
+        high = np.maximum(self._epoch_start + before[:, -1] + counts[:, -1] - 1, low)
+        first_pass, last_pass = low // self.sizes, high // self.sizes
+        wanted = last_pass - first_pass + 1
+        wanted[self._windowed] = 0
+        keys = [round_keys_table((self.plan.seed, s), np.arange(first_pass[s], last_pass[s] + 1), (int(self.sizes[s]), LAZY_SOURCE))
+                for s in range(len(self.sizes)) if wanted[s]]
+        return _Block(
+            shuffle_keys=round_keys_table((self.plan.seed, self.epoch), runs, (LAZY_MIX,)),
+            ends=np.ascontiguousarray(np.cumsum(counts, axis=0), np.int64),
+            before=before,
+            first_pass=np.ascontiguousarray(first_pass, np.int64),
+            key_rows=np.concatenate(([0], np.cumsum(wanted))).astype(np.int64),
+            pass_keys=np.concatenate(keys) if keys else np.zeros((0, 1), np.uint64),
+        )
+
+    def _pass(self, source: int, turn: int) -> ItemOrder:
+        """Source ``source``'s order in its pass ``turn``."""
+        key = (source, turn)
+        order = self._passes.get(key)
+        if order is None:
+            order = self._passes[key] = source_pass(self.plan, source, turn)
+            if len(self._passes) > self.KEEP_PASSES:
+                self._passes.popitem(last=False)
+        else:
+            self._passes.move_to_end(key)
+        return order
+
+
+def source_pass(plan: GroupPlan, source: int, turn: int) -> ItemOrder:
+    """The order of a mixture's source ``source`` in its pass ``turn``: its shards permuted and
+    items mixed within windows (a shardwise group and a source with shards), else all its items
+    permuted; keyed by the group's seed, the source and the pass."""
+    mixture = plan.mixture
+    size = mixture.source_sizes[source]
+    shards = mixture.source_shards[source] if mixture.source_shards else ()
+    if shards and plan.shuffle_later == "shardwise":
+        seed = int(round_keys(plan.seed, source, LAZY_SOURCE)[0]) >> 2
+        own = GroupPlan(size=size, batch_size=1, batch_count=size, seed=seed, shuffle_first=False, shuffle_later="shardwise",
+                        shard_sizes=shards, shard_window=plan.shard_window, permutation="lazy")
+        return LazyShardwise(own, turn)
+    return LazyItems(size, plan.seed, source, turn, size, LAZY_SOURCE)
+
+
 def epoch_order(plan: GroupPlan, epoch: int, training: bool = True) -> ItemOrder:
     """The order of ``plan`` in ``epoch`` (training) or of a validation group: computed for
     ``"lazy"`` (cheap), else the ``"numpy"`` array (O(N) to build; the loader keeps those in
-    the order book instead)."""
+    the order book instead). A mixture's is always computed."""
+    if plan.mixture is not None:
+        return MixtureOrder(plan, epoch if training else 0)
     if plan.permutation == "lazy":
         if training and plan.shuffle_later == "shardwise":
             return LazyShardwise(plan, epoch)

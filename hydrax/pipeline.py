@@ -97,10 +97,12 @@ class Pipeline:
     :param pool: the workers; tasks may be queued before they start (see :meth:`prefill`).
     :param cache: the run's use of its groups' caches.
     :param agreement: the other processes of a multi-process run.
+    :param stride: batches of the schedule from one of this run's batches to the next (a share
+        of a stream, see :meth:`hydrax.Dataloader.select_stream`, loads every count-th).
     """
 
     def __init__(self, *, steps: Iterator[Step], groups: RunGroups, policy: RunPolicy, arena: Arena, pool: WorkerPool,
-                 cache: RunCache, placement_func=None, agreement: HostAgreement | None = None) -> None:
+                 cache: RunCache, placement_func=None, agreement: HostAgreement | None = None, stride: int = 1) -> None:
         self.output: queue.SimpleQueue = queue.SimpleQueue()
         self._groups = groups
         self._policy = policy
@@ -108,8 +110,10 @@ class Pipeline:
         self._pool = pool
         self._cache = cache
         self._agreement = agreement
-        #: The item orders of the groups (the book of stored ones is shared with the workers).
-        self.orders = RunOrders(groups, arena.depth + batches_ahead(groups, arena.depth))
+        #: The item orders of the groups (the book of stored ones is shared with the workers). A
+        #: share of a stream loads every stride-th batch, so the batches it has in flight and
+        #: announced reach stride times as far back in the schedule.
+        self.orders = RunOrders(groups, (arena.depth + batches_ahead(groups, arena.depth)) * stride)
         self._announcer = Announcer(steps, groups, arena.depth, self.orders.items)
         self.assembler = BatchAssembler(arena=arena, cache=cache, placement_func=placement_func, zero_copy=policy.zero_copy)
         self.budget = FailureBudget(policy, agreement)

@@ -18,6 +18,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from . import _core
+from .mixing import MixturePlan
 from .permute import LazyPermutation
 
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
@@ -26,7 +27,7 @@ SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise", "shardwise")
 #: or ``"lazy"`` (computed position by position, see :mod:`hydrax.orders`).
 PERMUTATIONS = ("numpy", "lazy")
 #: Words that keep the lazy orders of different things apart (see :func:`hydrax.permute.round_keys`).
-LAZY_ITEMS, LAZY_BATCHES, LAZY_SHARDS, LAZY_WINDOW = 1, 2, 3, 4
+LAZY_ITEMS, LAZY_BATCHES, LAZY_SHARDS, LAZY_WINDOW, LAZY_MIX, LAZY_SOURCE = 1, 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class GroupPlan:
     shard_partitions: int = 1
     #: How the orders are made: one of :data:`PERMUTATIONS`.
     permutation: str = "numpy"
+    #: A :class:`hydrax.Mixture`'s sources and weights (``size`` is then its epoch size, and the
+    #: order is always computed: see :class:`hydrax.orders.MixtureOrder`); None for other data.
+    mixture: MixturePlan | None = None
 
     @property
     def local_batch_size(self) -> int:
@@ -255,7 +259,10 @@ def batch_order(plan: GroupPlan, epoch: int) -> Sequence[int] | None:
 def read_order(plan: GroupPlan, epoch: int, training: bool = True) -> str:
     """How a group's batches read its items in ``epoch``, as read-ahead needs to know it:
     ``"shardwise"``, ``"sequential"`` (items and batches in index order), or ``"random"``.
-    Decided from the plan alone: no order is computed."""
+    Decided from the plan alone: no order is computed. A mixture reads its sources shardwise
+    or at random, as its group says."""
+    if plan.mixture is not None:
+        return "shardwise" if plan.shuffle_later == "shardwise" else "random"
     if training and plan.shuffle_later == "shardwise":
         return "shardwise"
     batches_move = training and plan.shuffle_later == "batchwise" and epoch > 0

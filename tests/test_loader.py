@@ -560,3 +560,19 @@ def test_select_stream_loads_one_share_and_never_drops_a_batch():
         with failing:
             for _ in failing:
                 pass
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_stream_share_of_stored_orders_crosses_many_epochs(count):
+    """A share loads every count-th batch, so its batches in flight reach count times further back
+    in the schedule: the stored orders must stay in the book that long (they were overwritten
+    by the epoch after next, at the third epoch boundary, before)."""
+    group = DataGroup(2, range(60), loader_arrays=ARRAYS, seed=5, shuffle_later="itemwise")
+    whole = run(groups=group, loader_count=2, end_at=("epoch", 4))
+    for index in range(count):
+        # slow items keep tasks waiting in the pipe while the schedule runs ahead
+        loader = Dataloader(load_slow, group, loader_count=1, depth=8, end_at=("epoch", 4), timeout_sec=slack_int(30))
+        loader.select_stream(index, count)
+        with loader:
+            share = [describe(batch) for batch in loader]
+        assert share == whole[index::count]

@@ -61,7 +61,8 @@ def add_s3_options(parser: argparse.ArgumentParser) -> None:
     """``--endpoint-url`` and ``--region`` for ``s3://`` (and ``gs://``) URLs; credentials come the
     standard AWS (or Google) way."""
     group = parser.add_argument_group("object stores", "for s3:// and gs:// URLs; credentials come from the environment "
-                                      "or the AWS / Google configuration")
+                                      "or the AWS / Google configuration (for hf:// URLs: HF_TOKEN or the stored Hugging "
+                                      "Face login, and HF_ENDPOINT)")
     group.add_argument("--endpoint-url", metavar="URL", help="an S3-compatible endpoint, or a GCS emulator for gs:// (default: AWS, Google)")
     group.add_argument("--region", help="the region (default: from the AWS configuration)")
 

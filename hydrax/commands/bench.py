@@ -39,7 +39,7 @@ def register(commands) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: hydrax bench 'data/train-{0000..0099}.tar' --workers 8 --size 224 --seconds 30",
     )
-    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns or s3:// URLs")
+    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs")
     parser.add_argument("--decode", choices=("image", "bytes"), default="image",
                         help="decode an image field into the batch (default), or only read every field")
     parser.add_argument("--field", help="the image field, which every sample must have (default: each sample's first image field)")

@@ -23,7 +23,7 @@ def register(shard_commands) -> None:
                "  hydrax shards index --endpoint-url http://127.0.0.1:9000 's3://bucket/train-{0000..0999}.tar'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// / gs:// URLs")
+    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs")
     parser.add_argument("--force", action="store_true",
                         help="rebuild every index (without it, only missing, stale and damaged ones are built)")
     parser.add_argument("--workers", "-j", type=count, default=1, metavar="N",

@@ -72,7 +72,7 @@ def register(commands) -> None:
                "  hydrax serve 'data/train-{0000..0099}.tar' zpush://trainer:7882 --epochs 1 --share 1/2   # on machine B",
     )
     parser.add_argument("inputs", nargs="+", metavar="SHARDS... URL",
-                        help="shard paths, globs, brace patterns or s3:// URLs, then the ZeroMQ URL to serve on "
+                        help="shard paths, globs, brace patterns or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs, then the ZeroMQ URL to serve on "
                              "(zpub://, zrpush://, zpush://, zrpub://; brace ranges make several endpoints)")
     parser.add_argument("--url", action="append", default=[], metavar="URL", help="the ZeroMQ URL, instead of the last argument")
     parser.add_argument("--batch-size", "-b", type=positive_int, default=64, metavar="N", help="images per batch (default 64)")

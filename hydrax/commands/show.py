@@ -40,7 +40,7 @@ def register(commands) -> None:
                "  hydrax show zsub://127.0.0.1:7880 --count 32 --per-batch 4 --out stream.png",
     )
     parser.add_argument("shards", nargs="+", metavar="SHARDS|URL",
-                        help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// URLs; or a ZeroMQ URL to receive from")
+                        help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs; or a ZeroMQ URL to receive from")
     parser.add_argument("--out", "-o", required=True, metavar="PNG", help="the PNG file to write")
     parser.add_argument("--force", "-f", action="store_true", help="overwrite --out if it exists")
     parser.add_argument("--count", "-n", type=count, default=16, metavar="N", help="how many samples (default 16)")

@@ -30,7 +30,7 @@ def register(commands) -> None:
                "  hydrax stat zsub://127.0.0.1:7880 --count 50",
     )
     parser.add_argument("shards", nargs="+", metavar="SHARDS|URL",
-                        help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// URLs; or a ZeroMQ URL to receive from")
+                        help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs; or a ZeroMQ URL to receive from")
     parser.add_argument("--limit", "-n", type=count, metavar="N",
                         help="only N samples, spread evenly over the dataset (default: all)")
     parser.add_argument("--label-field", metavar="FIELD", help="the field holding the label (default: cls, else label)")

@@ -22,7 +22,7 @@ def register(shard_commands) -> None:
                "  hydrax shards verify --decode --workers 4 'data/train-*.tar'\n"
                "  hydrax shards verify --endpoint-url http://localhost:9000 's3://bucket/train-*.tar'",
     )
-    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3:// URLs")
+    parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs")
     parser.add_argument("--decode", action="store_true", help="also decode every image field")
     parser.add_argument("--workers", "-j", type=count, default=1, metavar="N",
                         help="verify N shards at a time in worker processes (default 1: in this process)")

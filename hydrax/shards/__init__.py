@@ -4,12 +4,12 @@ from .indexfile import ShardIndex, build_index, index_path, open_index, read_wid
 from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest
 from .readahead import ReadAhead
 from .shardset import SampleRef, ShardSet
-from .store import GCSOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions, store_for
+from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions, store_for
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 from .writer import ShardWriter
 
 __all__ = [
-    "GCSOptions", "HTTPOptions", "Member", "ObjectInfo", "ReadAhead", "S3Options", "Sample", "SampleRef", "ShardEntry",
+    "GCSOptions", "HFOptions", "HTTPOptions", "Member", "ObjectInfo", "ReadAhead", "S3Options", "Sample", "SampleRef", "ShardEntry",
     "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter", "Store", "StoreOptions", "build_index", "default_cache_dir",
     "expand_urls", "group_samples", "index_path", "open_index", "publish_indexes", "read_manifest", "read_wids_descriptor",
     "scan_members", "store_for", "write_manifest",

@@ -13,6 +13,8 @@ gives every shard its size, version and index:
   index objects, many requests at once, else are built from the shard itself (also
   concurrently). Nothing is written into the bucket;
 - ``http(s)://`` shards: a HEAD each (such servers cannot list), then as above;
+- ``hf://`` shards (the Hugging Face Hub, :mod:`hydrax.shards.hub`): first pinned to the commit
+  their revision points at, then one listing of the tree API per folder, then as above;
 - a manifest (a wids ``wids-shard-index-v1`` descriptor, local or remote, named instead of
   shards): one request gives every shard, its sample count and, when hydrax wrote it, its size
   and ETag; the indexes are then loaded only when a shard is first read. Every count is checked
@@ -42,7 +44,8 @@ import numpy as np
 from ..errors import AccessDeniedError, ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
 from .setindex import SetIndex, build_set_index, set_index_path, urls_digest
-from .store import (REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
+from .hub import pin_url, repo_root
+from .store import (LISTABLE_SCHEMES, REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
                     pattern_folder, run_async, scheme_of, store_for)
 
 log = logging.getLogger(__name__)
@@ -246,9 +249,12 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
         urls = [os.fspath(urls)]
     expanded: list[ObjectInfo] = []
     listed: dict[str, ObjectInfo] = {}
+    pins: dict = {}  # one revision request per repository of the hf:// URLs
     for spec in urls:
         for url in braceexpand(os.fspath(spec)):
             scheme = scheme_of(url)
+            if scheme == "hf":
+                url = pin_url(url, options.hf, pins)
             if scheme == "file":
                 path = local_path(url)
                 if glob.has_magic(path):
@@ -261,7 +267,7 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                 continue
             if scheme not in REMOTE_SCHEMES:
                 raise NotImplementedError(f"shard URL {url!r}: the {scheme}:// scheme is not supported; "
-                                          "use local paths, s3://, gs:// or http(s)://")
+                                          "use local paths, s3://, gs://, http(s):// or hf://")
             if glob.has_magic(url):
                 # One listing of the folder serves the pattern and shows the index objects too.
                 folder = pattern_folder(url)
@@ -385,7 +391,7 @@ async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo]
     listing, added to ``listed``, also shows index objects and summaries), a HEAD each where a
     store cannot list."""
     folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries
-                      if e.url not in listed and scheme_of(e.url) in ("s3", "gs")})
+                      if e.url not in listed and scheme_of(e.url) in LISTABLE_SCHEMES})
     try:
         listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
     except StoreError as exc:
@@ -393,7 +399,7 @@ async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo]
         raise type(exc)(str(exc), url=first, subject=f"shard {first!r}: ") from exc
     for found in listings:
         listed.update((info.url, info) for info in found)
-    unlisted = [e for e in entries if e.url not in listed and scheme_of(e.url) not in ("s3", "gs")]
+    unlisted = [e for e in entries if e.url not in listed and scheme_of(e.url) not in LISTABLE_SCHEMES]
     heads = await gather_limited([lambda e=e: store_for(e.url, options).stat_async(e.url) for e in unlisted], SETUP_REQUESTS)
     listed.update((info.url, info) for info in heads)
     for entry in entries:
@@ -462,7 +468,7 @@ async def _entry_index(entry: ShardEntry, listed: dict[str, ObjectInfo], options
     if index is None:
         store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
-        if beside is None and scheme_of(entry.url) not in ("s3", "gs"):
+        if beside is None and scheme_of(entry.url) not in LISTABLE_SCHEMES:
             beside = ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)  # cannot list: try it
         index = await _index_from_object(entry, beside, store) if beside is not None else None
         if index is None:
@@ -679,7 +685,7 @@ def _stat_listed(url: str, where: str) -> ObjectInfo | None:
 async def _stat_remote(urls: list[str], where: str, options: StoreOptions) -> dict[str, ObjectInfo | None]:
     """Size and version of each remote shard of ``urls`` (None where it is not there): a LIST per
     folder where the store can list, else a HEAD each."""
-    listable = ("s3", "gs")
+    listable = LISTABLE_SCHEMES
     folders = sorted({url.rsplit("/", 1)[0] + "/" for url in urls if scheme_of(url) in listable})
     heads = [url for url in urls if scheme_of(url) not in listable]
 
@@ -723,8 +729,13 @@ def manifest_table(descriptor, folder: str, url: str) -> ShardTable:
 
 
 def _origin(url: str) -> str:
-    """``scheme://bucket`` (or host) of a remote URL."""
+    """``scheme://bucket`` (or host) of a remote URL; ``hf://datasets/ORG/NAME`` for the Hub's."""
     scheme, _, rest = url.partition("://")
+    if scheme.lower() == "hf":
+        try:
+            return repo_root(url).lower()
+        except ValueError:
+            return url
     return scheme.lower() + "://" + rest.split("/", 1)[0]
 
 
@@ -757,7 +768,7 @@ def _check_origins(urls: Sequence[str], where: str) -> None:
 def _url_problem(url: str, scheme: str) -> str | None:
     """What keeps the remote ``url`` from naming an object, or None."""
     if scheme not in REMOTE_SCHEMES:
-        return f"of the unsupported {scheme:.40}:// scheme (local paths, s3://, gs:// and http(s):// are)"
+        return f"of the unsupported {scheme:.40}:// scheme (local paths, s3://, gs://, http(s):// and hf:// are)"
     try:
         size = len(url.encode("utf-8"))
     except UnicodeEncodeError:  # undecodable bytes of a path (surrogateescape): no key is made of them

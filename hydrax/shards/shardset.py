@@ -32,6 +32,7 @@ pickled ShardSet carries, so workers started from the fork server map them from 
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import threading
@@ -48,7 +49,8 @@ from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand
 from .indexfile import ShardIndex
 from .setindex import SetIndex
 from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
-from .store import GCSOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
+from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
+from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
 __all__ = ["SampleRef", "ShardSet", "default_cache_dir", "expand_urls"]
 
@@ -62,8 +64,8 @@ MAX_INDEXES = 128
 class ShardSet(Sequence["SampleRef"]):
     """The samples of the tar shards ``urls``, in shard order.
 
-    :param urls: a path, ``file://``, ``s3://``, ``gs://`` or ``http(s)://`` URL, glob or brace
-        pattern, or a list of them; or one dataset manifest (a wids ``wids-shard-index-v1``
+    :param urls: a path, ``file://``, ``s3://``, ``gs://``, ``http(s)://`` or ``hf://`` URL, glob or
+        brace pattern, or a list of them; or one dataset manifest (a wids ``wids-shard-index-v1``
         ``.json`` descriptor, local or remote), which sets up with a single request (and, for
         shards it gives no size for, what finds their sizes: their counts are checked against
         them before anything is sized by them).
@@ -72,7 +74,13 @@ class ShardSet(Sequence["SampleRef"]):
         remote one (nothing is ever written into a bucket; ``hydrax shards index`` does that),
         and the set index of local shards into ``cache_dir``.
     :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
-        configuration). ``gcs`` and ``http`` likewise for ``gs://`` and ``http(s)://``.
+        configuration). ``gcs``, ``http`` and ``hf`` likewise for ``gs://``, ``http(s)://`` and
+        ``hf://`` (:class:`~hydrax.shards.store.HFOptions`: token and endpoint of the Hugging Face Hub).
+    :param revision: for ``hf://`` URLs that name none (``hf://datasets/ORG/NAME/PATH``), the branch,
+        tag or commit to read (default ``"main"``). It is resolved to its commit once, here, and
+        every read of the set, in every process, is of that commit; a branch that moved since
+        indexes were cached from it is a :class:`~hydrax.errors.RevisionMovedError` (see
+        :mod:`hydrax.shards.hub`).
     :param cache_dir: where indexes of remote shards, and set indexes of local ones, are kept
         (default :func:`default_cache_dir`).
     :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.readahead.ReadAhead`);
@@ -94,17 +102,22 @@ class ShardSet(Sequence["SampleRef"]):
 
     def __init__(self, urls: str | Sequence[str], *, write_index: bool = True, s3: S3Options | None = None,
                  gcs: GCSOptions | None = None, http: HTTPOptions | None = None, cache_dir: str | None = None,
-                 readahead: ReadAhead | None = None, max_open: int = MAX_OPEN, max_indexes: int = MAX_INDEXES) -> None:
+                 readahead: ReadAhead | None = None, max_open: int = MAX_OPEN, max_indexes: int = MAX_INDEXES,
+                 hf: HFOptions | None = None, revision: str | None = None) -> None:
         for name, value in (("max_open", max_open), ("max_indexes", max_indexes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ShardSet({name}=...) must be a positive int, got {value!r}")
-        self.options = StoreOptions(s3 or S3Options(), gcs or GCSOptions(), http or HTTPOptions())
+        self.options = StoreOptions(s3 or S3Options(), gcs or GCSOptions(), http or HTTPOptions(), hf or HFOptions())
         self.cache_dir = cache_dir or default_cache_dir()
         self.readahead = readahead or ReadAhead()
         self.max_open = max_open
         self.max_indexes = max_indexes
         self._write_index = write_index
+        pins: dict = {}
+        urls = self._pin(urls, revision, pins)
         self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index))
+        if pins and write_index:
+            record_revisions(pins, self.cache_dir)
         self._root: str | None = None
         if self._remote is not None and self.readahead.enabled:
             if self.readahead.cache_dir is not None:
@@ -113,6 +126,17 @@ class ShardSet(Sequence["SampleRef"]):
                 self._root = private_root()
                 finalizer(self, self._root)
         self._init_process_state()
+
+    def _pin(self, urls, revision: str | None, pins: dict):
+        """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
+        :func:`~hydrax.shards.hub.pin_urls`), after checking that no branch moved since indexes
+        were cached from it; ``pins`` receives the branches resolved."""
+        if names_hub(urls):
+            # Workers started from the fork server have its (older) environment: give them the Hub's address.
+            self.options = dataclasses.replace(self.options, hf=settled_options(self.options.hf))
+        pinned = pin_urls(urls, revision, self.options.hf, pins)
+        check_revisions(pins, self.cache_dir)
+        return pinned
 
     def _adopt(self, found: ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]) -> None:
         """Hold what :func:`~hydrax.shards.catalog.resolve_set` found, compactly."""

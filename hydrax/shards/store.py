@@ -1,4 +1,4 @@
-"""Where shards live: one interface over local files, S3, GCS and HTTP(S).
+"""Where shards live: one interface over local files, S3, GCS, HTTP(S) and the Hugging Face Hub.
 
 Everything hydrax reads or writes about shards goes through a :class:`Store`: ``stat``, ranged and
 whole reads, streams, listings, writes and deletes, each raising hydrax's own
@@ -11,6 +11,10 @@ by measurement over boto3 with a thread pool and over fsspec/s3fs (see
 ``docs/object-storage.rst``). Its threads do not survive a ``fork``: once a remote store has been
 used in a process, hydrax starts its workers from the fork server instead (see
 :func:`hydrax.workers.note_fork_hazard`); a worker makes its own store on first use.
+
+``hf://`` URLs (datasets and models on the Hugging Face Hub) are served by
+:class:`hydrax.shards.hub.HubStore`, which speaks the Hub's own API; this module only routes
+them there and holds their :class:`HFOptions`.
 
 Reads may be pinned to an object *version* (the ETag an index was built from): a replaced
 object is then an :class:`~hydrax.errors.ObjectChangedError`, never another object's bytes.
@@ -46,7 +50,9 @@ from ..errors import (AccessDeniedError, HydraxError, ObjectChangedError, Object
 log = logging.getLogger(__name__)
 
 #: URL schemes served by an object store.
-REMOTE_SCHEMES = ("s3", "gs", "http", "https")
+REMOTE_SCHEMES = ("s3", "gs", "http", "https", "hf")
+#: Remote schemes whose stores list a folder in one request (so set-up needs no HEAD per shard).
+LISTABLE_SCHEMES = ("s3", "gs", "hf")
 _STREAM_CHUNK = 4 << 20
 
 
@@ -93,14 +99,40 @@ class HTTPOptions:
 
 
 @dataclass(frozen=True)
+class HFOptions:
+    """How to reach the Hugging Face Hub for ``hf://`` URLs (see :mod:`hydrax.shards.hub`).
+
+    ``token`` None takes the ``HF_TOKEN`` environment variable, else the login huggingface_hub
+    stored (``hf auth login``); ``endpoint`` None takes ``HF_ENDPOINT``, else
+    ``https://huggingface.co``, as huggingface_hub does. The token is left out of the repr.
+    """
+
+    token: str | None = field(default=None, repr=False)
+    endpoint: str | None = None
+    max_attempts: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    #: A server or proxy that ignores ``Range`` answers with the whole object: for an object of at
+    #: most this many bytes the part asked for is cut out of it; a larger one is a
+    #: :class:`~hydrax.errors.StoreError` (downloading gigabytes for a sample is never silent).
+    max_unranged_bytes: int = 8 << 20
+    #: Requests in flight at once per process (the connection pool's size, and the threads that
+    #: serve read-ahead's asynchronous reads).
+    connections: int = 64
+
+
+@dataclass(frozen=True)
 class StoreOptions:
     """Settings for every kind of remote store; a URL's scheme picks the part that applies."""
 
     s3: S3Options = field(default_factory=S3Options)
     gcs: GCSOptions = field(default_factory=GCSOptions)
     http: HTTPOptions = field(default_factory=HTTPOptions)
+    hf: HFOptions = field(default_factory=HFOptions)
 
     def for_scheme(self, scheme: str):
+        if scheme == "hf":
+            return self.hf
         return self.s3 if scheme == "s3" else self.gcs if scheme == "gs" else self.http
 
 
@@ -119,7 +151,7 @@ class ObjectInfo:
 
 
 def scheme_of(url: str) -> str:
-    """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, or ``"file"`` for local paths and ``file://`` URLs."""
+    """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, ``"hf"``, or ``"file"`` for local paths and ``file://`` URLs."""
     head, sep, _ = url.partition("://")
     return head.lower() if sep else "file"
 
@@ -733,10 +765,12 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def as_store_options(options: StoreOptions | S3Options | GCSOptions | HTTPOptions | None) -> StoreOptions:
+def as_store_options(options: StoreOptions | S3Options | GCSOptions | HTTPOptions | HFOptions | None) -> StoreOptions:
     """``options`` as :class:`StoreOptions` (one scheme's options stand for that scheme)."""
     if options is None:
         return StoreOptions()
+    if isinstance(options, HFOptions):
+        return StoreOptions(hf=options)
     if isinstance(options, S3Options):
         return StoreOptions(s3=options)
     if isinstance(options, GCSOptions):
@@ -778,9 +812,13 @@ def store_for(url: str, options: StoreOptions | None = None) -> Store:
     if scheme == "file":
         return _LOCAL
     if scheme not in REMOTE_SCHEMES:
-        raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs:// or http(s)://",
+        raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs://, http(s):// or hf://",
                          url=url, subject=f"shard URL {url!r}: ")
     options = as_store_options(options)
+    if scheme == "hf":
+        from .hub import hub_store
+
+        return hub_store(url, options.hf)
     # Noted before the variable fills the endpoint in, so that errors can say where it came from.
     variable = endpoint_variable(options, scheme)
     options = with_environment(options, scheme)
