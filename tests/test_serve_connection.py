@@ -523,6 +523,42 @@ def test_a_producer_that_exits_right_after_sending_loses_nothing(ending):
     assert [ident(a) for a in got] == [(0, i) for i in range(20)]
 
 
+CONSUMER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_serve_connection import ident
+from hydrax.serve import Connection
+with Connection({url!r}, protocol="hydrax", hwm=2, timeout={timeout}) as consumer:
+    print("ready", flush=True)
+    time.sleep({pause})  # its queue fills, and heartbeats would come due meanwhile
+    print([ident(a) for a in consumer], flush=True)
+"""
+
+
+def test_a_consumer_slower_than_its_producer_gets_everything_and_does_not_abort():
+    """libzmq 4.3 aborts a receiver (``Assertion failed: !_io_error``), or drops what it has
+    queued, when a ZMTP heartbeat falls due while its queue is full: a consumer sends none."""
+    port = free_port()
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER_SCRIPT.format(tests=TESTS, url=f"zpull://127.0.0.1:{port}",
+                                                                               timeout=slack(20), pause=3)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    producer = None
+    try:
+        assert consumer.stdout.readline().strip() == "ready"
+        script = PRODUCER_SCRIPT.format(tests=TESTS, url=f"zpush://127.0.0.1:{port}", protocol="hydrax", ending="connection.close()",
+                                        timeout=slack(20))
+        producer = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+        out, err = consumer.communicate(timeout=slack(60))
+        assert consumer.returncode == 0, err
+        assert out.strip() == str([(0, i) for i in range(20)])
+        assert producer.wait(timeout=slack(30)) == 0, producer.stderr.read()
+    finally:
+        for proc in (consumer, producer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 # -- 6. bounded memory, and a producer that times out ---------------------------------------------
 
 def flood_a_stalled_consumer(peer, port: int, megabytes: int, consumer_hwm: int, options: dict):

@@ -8,7 +8,8 @@ as tensorcom 0.1.0 did). What it fixes, keeping tensorcom's API:
 - queues are bounded (``hwm`` messages each way), so a slow consumer slows its producers;
 - publishers never drop a message for a slow subscriber, and can wait for subscribers to join;
 - a consumer or producer that waits longer than ``timeout`` raises :class:`PeerTimeoutError`,
-  naming how many peers are connected (ZeroMQ heartbeats drop dead TCP peers);
+  naming how many peers are connected (ZeroMQ heartbeats on senders, TCP keepalive on
+  receivers, drop dead TCP peers);
 - a malformed or oversize message is a :class:`MessageError` (skipped and counted by default);
 - ``total`` stops iteration; uint32, bool, bfloat16, 0-d, big-endian and strided arrays work.
 
@@ -58,6 +59,9 @@ XPUB_RETRY_MS = 2
 HEARTBEAT_MS = 1000
 #: The longest heartbeat TTL libzmq takes, in ms.
 HEARTBEAT_MAX_MS = 6553599
+#: A receiver's TCP keepalive (it sends no heartbeats): a silent connection is probed after
+#: this many seconds, every interval, and dropped after this many unanswered probes (25 s).
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 10, 5, 3
 #: How long a producer that is failing waits to tell its consumers, and to deliver what is queued.
 FAILING_SECONDS = 2.0
 #: How often a PUSH fan-out offers another end marker while consumers remain.
@@ -282,12 +286,23 @@ class Connection:
         socket.setsockopt(zmq.SNDHWM, self.hwm)
         socket.setsockopt(zmq.RCVHWM, self.hwm)
         socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
-        socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
-        # libzmq refuses a TTL over 6553.599 s (it travels in deciseconds, in 16 bits): a longer
-        # timeout (hours, for a slow producer) must not make the Connection fail to open
-        heartbeat_ms = min(int((self.timeout or 30.0) * 1000), HEARTBEAT_MAX_MS)
-        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_ms)
-        socket.setsockopt(zmq.HEARTBEAT_TTL, heartbeat_ms)
+        if socket_type in (zmq.PULL, zmq.SUB):
+            # No ZMTP heartbeats on a receiver: libzmq (4.3.x) asserts (!_io_error), or drops the
+            # connection and what is queued on it, when a heartbeat comes due while the
+            # receiver's queue is full, i.e. whenever the consumer is slower than its producers
+            # (libzmq issues 3596, 3937, 4767). The kernel's keepalive finds a vanished peer
+            # instead; a peer that exits or is killed closes its connection anyway.
+            socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+            socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTERVAL_S)
+            socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+        else:
+            socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+            # libzmq refuses a TTL over 6553.599 s (it travels in deciseconds, in 16 bits): a longer
+            # timeout (hours, for a slow producer) must not make the Connection fail to open
+            heartbeat_ms = min(int((self.timeout or 30.0) * 1000), HEARTBEAT_MAX_MS)
+            socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_ms)
+            socket.setsockopt(zmq.HEARTBEAT_TTL, heartbeat_ms)
         if socket_type == zmq.XPUB:
             socket.setsockopt(zmq.XPUB_NODROP, 1)
             socket.setsockopt(zmq.XPUB_VERBOSER, 1)
