@@ -105,3 +105,27 @@ def mixture_items(
     keys: np.ndarray,
     out: np.ndarray,
 ) -> None: ...
+class MixtureBlock:
+    batch_size: int
+    run_batches: int
+    batch_count: int
+    block_first_batch: int
+    first_run: int
+    def __init__(
+        self,
+        batch_size: int,
+        run_batches: int,
+        batch_count: int,
+        block_first_batch: int,
+        first_run: int,
+        shuffle_keys: np.ndarray,
+        ends: np.ndarray,
+        before: np.ndarray,
+        epoch_start: np.ndarray,
+        sizes: np.ndarray,
+        offsets: np.ndarray,
+        first_pass: np.ndarray,
+        key_rows: np.ndarray,
+        pass_keys: np.ndarray,
+    ) -> None: ...
+    def fill(self, first: int, out: np.ndarray) -> None: ...

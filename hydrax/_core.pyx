@@ -58,6 +58,8 @@ extension to build and ship, with each family of kernels in an include file of i
   that source's stream, of each shuffled slot of a block of batches (see :mod:`hydrax.mixing`).
 - :func:`mixture_items` takes those stream positions to items through each source's permuted
   passes: a batch's items of every source and pass in one call.
+- :class:`MixtureBlock` holds a block's tables and does the shuffle, the slots and the items of
+  a range of positions in one call (:meth:`MixtureBlock.fill`): a worker's share of a batch.
 
 ``hydrax/_fallback.py`` has pure-Python twins of the tar, permutation, shuffle and mixture kernels; the
 tests use them as the oracle (and numpy itself for the shuffles).

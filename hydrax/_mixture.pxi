@@ -26,29 +26,14 @@ def mixture_slots(const int64_t[::1] slots not None, int64_t batch_size, const i
                          f"{epoch_start.shape[0]} epoch starts do not match")
     if source.shape[0] != count or stream.shape[0] != count:
         raise ValueError(f"{count} slots but room for {source.shape[0]} sources and {stream.shape[0]} stream positions")
-    if batch_size < 1 or sources < 1:
-        raise ValueError("a mixture needs a batch size and a source")
-    cdef Py_ssize_t i, s, bad = -1
-    cdef int64_t b, j, start
+    if batch_size < 1 or sources < 1 or batches < 1:
+        raise ValueError("a mixture needs a batch size, a source and a batch")
+    cdef Py_ssize_t bad = -1
+    if count == 0:
+        return
     with nogil:
-        for i in range(count):
-            if slots[i] < 0 or slots[i] // batch_size >= batches:
-                bad = i
-                break
-            b = slots[i] // batch_size
-            j = slots[i] % batch_size
-            s = 0
-            start = 0
-            while s < sources and ends[s, b] <= j:
-                if ends[s, b] < start:
-                    break
-                start = ends[s, b]
-                s += 1
-            if s == sources or ends[s, b] < start or ends[sources - 1, b] != batch_size:
-                bad = i
-                break
-            source[i] = s
-            stream[i] = epoch_start[s] + before[s, b] + j - start
+        bad = _place_slots(&slots[0], count, batch_size, &ends[0, 0], &before[0, 0], sources, batches, &epoch_start[0],
+                           &source[0], &stream[0])
     if bad >= 0:
         raise ValueError(f"slot {slots[bad]} (at index {bad}) is outside the block's {batches} batches of {batch_size}, "
                          f"or the layout's tables are inconsistent")
@@ -162,3 +147,139 @@ cdef void _mixture_permute(const int64_t* stream, const int64_t* sizes, const in
                             ((<uint64_t>1) << half) - 1, n)
         for k in range(first, end):
             out[grouped[k]] = offsets[s] + work[k]
+
+
+cdef class MixtureBlock:
+    """The tables of one block of a mixture's batches, held for :meth:`fill` (a worker fills a
+    batch's items with one call that converts no arrays): the shuffle keys of the block's runs
+    (row 0: run ``first_run``), the layout's ``ends`` and ``before`` from batch
+    ``block_first_batch`` on, each source's epoch start, size, first item and passes' keys (as
+    for :func:`mixture_items`). Every source must be permuted item by item.
+    """
+
+    cdef readonly int64_t batch_size, run_batches, batch_count, block_first_batch, first_run
+    cdef const uint64_t[:, ::1] shuffle_keys
+    cdef const int64_t[:, ::1] ends
+    cdef const int64_t[:, ::1] before
+    cdef const int64_t[::1] epoch_start
+    cdef const int64_t[::1] sizes
+    cdef const int64_t[::1] offsets
+    cdef const int64_t[::1] first_pass
+    cdef const int64_t[::1] key_rows
+    cdef const uint64_t[:, ::1] pass_keys
+
+    def __init__(self, int64_t batch_size, int64_t run_batches, int64_t batch_count, int64_t block_first_batch,
+                 int64_t first_run, const uint64_t[:, ::1] shuffle_keys not None, const int64_t[:, ::1] ends not None,
+                 const int64_t[:, ::1] before not None, const int64_t[::1] epoch_start not None,
+                 const int64_t[::1] sizes not None, const int64_t[::1] offsets not None,
+                 const int64_t[::1] first_pass not None, const int64_t[::1] key_rows not None,
+                 const uint64_t[:, ::1] pass_keys not None):
+        cdef Py_ssize_t sources = ends.shape[0]
+        if batch_size < 1 or run_batches < 1 or sources < 1 or ends.shape[1] < 1 or shuffle_keys.shape[0] == 0 or \
+                shuffle_keys.shape[1] == 0:
+            raise ValueError("a mixture needs a batch size, runs of batches, a source, a batch and shuffle keys")
+        if before.shape[0] != sources or before.shape[1] != ends.shape[1] or epoch_start.shape[0] != sources:
+            raise ValueError("the layout's tables do not match")
+        if sizes.shape[0] != sources or offsets.shape[0] != sources or first_pass.shape[0] != sources or \
+                key_rows.shape[0] != sources + 1:
+            raise ValueError(f"{sources} sources need as many sizes, offsets and first passes and {sources + 1} key rows")
+        self.batch_size, self.run_batches, self.batch_count = batch_size, run_batches, batch_count
+        self.block_first_batch, self.first_run = block_first_batch, first_run
+        self.shuffle_keys, self.ends, self.before, self.epoch_start = shuffle_keys, ends, before, epoch_start
+        self.sizes, self.offsets, self.first_pass, self.key_rows, self.pass_keys = sizes, offsets, first_pass, key_rows, pass_keys
+
+    def fill(self, int64_t first, int64_t[::1] out not None):
+        """Store in ``out`` the items at epoch positions ``first`` to ``first + len(out) - 1``:
+        what :func:`feistel_permute` (each run shuffled with its keys), :func:`mixture_slots` and
+        :func:`mixture_items` give one after the other. Raises ValueError for positions outside
+        the epoch or the block's runs, and whatever those kernels refuse."""
+        cdef Py_ssize_t count = out.shape[0], sources = self.ends.shape[0], batches = self.ends.shape[1], bad = -1
+        cdef Py_ssize_t rows = self.pass_keys.shape[0]
+        cdef int64_t total = self.batch_count * self.batch_size
+        if count == 0:
+            return
+        if first < 0 or first + count > total:
+            raise ValueError(f"positions {first} to {first + count - 1} are not all in the epoch's {total}")
+        cdef int64_t* slots = <int64_t*>malloc(count * sizeof(int64_t))
+        cdef int64_t* source = <int64_t*>malloc(count * sizeof(int64_t))
+        cdef int64_t* stream = <int64_t*>malloc(count * sizeof(int64_t))
+        cdef int64_t* scratch = <int64_t*>malloc(3 * count * sizeof(int64_t) + (rows + 2) * sizeof(int64_t))
+        if slots == NULL or source == NULL or stream == NULL or scratch == NULL:
+            _free_all(slots, source, stream, scratch)
+            raise MemoryError()
+        with nogil:
+            bad = _shuffle_runs(first, count, self.batch_size, self.run_batches * self.batch_size, total,
+                                self.block_first_batch * self.batch_size, self.first_run, &self.shuffle_keys[0, 0],
+                                self.shuffle_keys.shape[0], self.shuffle_keys.shape[1], slots)
+            if bad < 0:
+                bad = _place_slots(slots, count, self.batch_size, &self.ends[0, 0], &self.before[0, 0], sources, batches,
+                                   &self.epoch_start[0], source, stream)
+            if bad < 0:
+                bad = _mixture_rows(source, stream, count, &self.sizes[0], &self.first_pass[0], &self.key_rows[0], sources,
+                                    rows, scratch, &out[0])
+            if bad < 0:
+                _mixture_permute(stream, &self.sizes[0], &self.offsets[0], source, count, scratch, rows,
+                                 &self.pass_keys[0, 0] if rows else NULL, self.pass_keys.shape[1], scratch + count,
+                                 scratch + 2 * count, scratch + 3 * count, &out[0])
+        _free_all(slots, source, stream, scratch)
+        if bad >= 0:
+            raise ValueError(f"position {first + bad} is outside the block's runs, or the layout's tables are inconsistent")
+
+
+cdef Py_ssize_t _shuffle_runs(int64_t first, int64_t count, int64_t batch_size, int64_t span, int64_t total,
+                              int64_t block_first, int64_t first_run, const uint64_t* keys, Py_ssize_t runs,
+                              Py_ssize_t rounds, int64_t* slots) noexcept nogil:
+    # Each position's slot in the block: shuffled within its run (runs of consecutive positions,
+    # so a segment per run); the index of the first bad position, or -1.
+    cdef Py_ssize_t i = 0, end, k
+    cdef int64_t r, run_first, width
+    cdef uint64_t n, top
+    cdef unsigned int bits, half
+    while i < count:
+        r = (first + i) // span
+        run_first = r * span
+        width = min(span, total - run_first)
+        end = min(count, run_first + width - first)
+        if r - first_run < 0 or r - first_run >= runs or run_first < block_first:
+            return i
+        for k in range(i, end):
+            slots[k] = first + k - run_first
+        n = <uint64_t>width
+        if n > 1:
+            bits = 0
+            top = n - 1
+            while top:
+                bits += 1
+                top >>= 1
+            half = (max(bits, 2) + 1) // 2
+            _feistel_stream(&slots[i], &slots[i], end - i, keys + (r - first_run) * rounds, rounds, half,
+                            ((<uint64_t>1) << half) - 1, n)
+        for k in range(i, end):
+            slots[k] += run_first - block_first
+        i = end
+    return -1
+
+
+cdef Py_ssize_t _place_slots(const int64_t* slots, Py_ssize_t count, int64_t batch_size, const int64_t* ends,
+                             const int64_t* before, Py_ssize_t sources, Py_ssize_t batches, const int64_t* epoch_start,
+                             int64_t* source, int64_t* stream) noexcept nogil:
+    # mixture_slots over raw tables ((sources, batches), row-major); the first bad index, or -1.
+    cdef Py_ssize_t i, s
+    cdef int64_t b, j, start
+    for i in range(count):
+        if slots[i] < 0 or slots[i] // batch_size >= batches:
+            return i
+        b = slots[i] // batch_size
+        j = slots[i] % batch_size
+        s = 0
+        start = 0
+        while s < sources and ends[s * batches + b] <= j:
+            if ends[s * batches + b] < start:
+                break
+            start = ends[s * batches + b]
+            s += 1
+        if s == sources or ends[s * batches + b] < start or ends[(sources - 1) * batches + b] != batch_size:
+            return i
+        source[i] = s
+        stream[i] = epoch_start[s] + before[s * batches + b] + j - start
+    return -1

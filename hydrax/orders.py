@@ -263,6 +263,7 @@ class MixtureOrder(ItemOrder):
         self._windowed = [s for s, sizes in enumerate(shards) if sizes and plan.shuffle_later == "shardwise"]
         self._passes: OrderedDict[tuple[int, int], ItemOrder] = OrderedDict()
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
+        self._kernels: dict[int, object] = {}  # the block a worker's batches are in, ready for its kernel
         # the batches a worker's tasks are slices of, (group_index, share) -> items
         self._batches: OrderedDict[tuple, list[int]] = OrderedDict()
 
@@ -271,10 +272,31 @@ class MixtureOrder(ItemOrder):
         key = (group_index, plan.share)
         items = self._batches.get(key)
         if items is None:
-            items = self._batches[key] = self.at(local_positions(plan, group_index)).tolist()
+            items = self._batches[key] = self._batch(plan, group_index).tolist()
             if len(self._batches) > self.KEEP_BATCHES:
                 self._batches.popitem(last=False)
         return items[first:end]
+
+    def _batch(self, plan: GroupPlan, group_index: int) -> np.ndarray:
+        """This process's share of batch ``group_index``: one kernel call per range of the share
+        (:meth:`hydrax._core.MixtureBlock.fill`) where every source is permuted item by item."""
+        if self._windowed:
+            return self.at(local_positions(plan, group_index))
+        batch_size = self.plan.batch_size
+        block = group_index // self.BLOCK
+        kernel = self._kernels.get(block)
+        if kernel is None:
+            tables = self._block(block)
+            kernel = _core.MixtureBlock(batch_size, self.run, self.plan.batch_count, block * self.BLOCK, block * self.BLOCK // self.run,
+                                        tables.shuffle_keys, tables.ends, tables.before, self._epoch_start, self.sizes, self._starts,
+                                        tables.first_pass, tables.key_rows, tables.pass_keys)
+            self._kernels = {block: kernel}  # the blocks come one after the other
+        out = np.empty(plan.local_batch_size, np.int64)
+        done = 0
+        for start, stop in plan.share or ((0, batch_size),):
+            kernel.fill(group_index * batch_size + start, out[done:done + stop - start])
+            done += stop - start
+        return out
 
     def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source of each of ``positions`` (a 1-d int array) and its position in that source's stream."""

@@ -282,3 +282,22 @@ def test_the_order_equals_the_layout_read_through_each_pass_one_by_one():
         expected = [int(plan.mixture.offsets[s]) + int(source_pass(plan, s, t // plan.mixture.source_sizes[s]).at(
             [t % plan.mixture.source_sizes[s]])[0]) for s, t in zip(source.tolist(), stream.tolist())]
         assert order.at(positions).tolist() == expected
+
+
+@pytest.mark.parametrize("batching", ["random", "stratified"])
+def test_the_one_call_kernel_gives_what_the_order_gives_position_by_position(batching):
+    plan = mixture_plan(sizes=(700, 37, 5), weights=(0.6, 0.3, 0.1), epoch_size=1200, batch_size=12, batching=batching)
+    for epoch in (0, 3):
+        whole = epoch_items(plan, epoch)
+        order = MixtureOrder(plan, epoch)  # fresh: nothing cached from epoch_items
+        for b in range(plan.batch_count):
+            assert order.local(plan, b) == whole[b].tolist()
+        odd = share_ranges(plan, [(1, 4), (7, 12)])
+        assert MixtureOrder(odd, epoch).local(odd, 70) == whole[70, [1, 2, 3, 7, 8, 9, 10, 11]].tolist()
+    block = MixtureOrder(plan, 0)
+    block.local(plan, 0)
+    kernel = next(iter(block._kernels.values()))
+    with pytest.raises(ValueError, match="not all in the epoch"):
+        kernel.fill(plan.batch_count * 12 - 2, np.empty(4, np.int64))
+    with pytest.raises(ValueError, match="outside the block's runs"):
+        kernel.fill(12 * 64, np.empty(4, np.int64))  # the first position of the next block
