@@ -234,10 +234,11 @@ class MixtureOrder(ItemOrder):
     """A mixture's order in ``epoch``: position ``p`` is shuffled within its run of batches (one
     batch for ``"stratified"``), lands on a slot of the stratified layout, which names a source
     and a position in that source's stream of passes; the pass's own lazy order (shardwise for a
-    source with shards in a shardwise group) gives the item. O(S) memory for S sources; a batch
-    costs one shuffle and two kernel calls (:func:`hydrax._core.mixture_slots`,
-    :func:`hydrax._core.mixture_items`) whatever the sizes, the tables they read being computed
-    once per block of :attr:`BLOCK` batches."""
+    source with shards in a shardwise group) gives the item. O(S) memory for S sources, and a
+    batch costs the same whatever the sizes: one call of :meth:`hydrax._core.MixtureBlock.fill`
+    per range of this process's share (with a shardwise source, the shuffle and
+    :func:`hydrax._core.mixture_slots`, :func:`hydrax._core.mixture_items`, then that source's
+    windowed passes), the tables they read being computed once per block of :attr:`BLOCK` batches."""
 
     #: Passes of shardwise sources kept: a batch touches one or two passes of each.
     KEEP_PASSES = 16
