@@ -16,7 +16,8 @@ The mixture is a sequence of all its sources' items, source 0's first: item ``i`
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,9 @@ class Mixture(Sequence):
             raise ValueError(f"batching must be 'random' or 'stratified', got {batching!r}")
         self._batching = batching
         self._sizes = tuple(len(source) for source in self._sources)
+        self._by_number = np.empty(len(self._sources), object)  # the sources, for fancy indexing
+        for i, source in enumerate(self._sources):
+            self._by_number[i] = source
         self._offsets = np.concatenate(([0], np.cumsum(self._sizes, dtype=np.int64)))
         self._offsets.setflags(write=False)
         self._starts = self._offsets[:-1].tolist()
@@ -123,6 +127,17 @@ class Mixture(Sequence):
         index = int(index)
         source, local = self.locate(index + len(self) if index < 0 else index)
         return self._sources[source][local]
+
+    def take(self, indices: Sequence[int]) -> Iterator[Any]:
+        """The items ``indices`` (in range), one after the other, each read from its source when
+        the iterator reaches it: a worker's way through a task (a third of the cost of indexing
+        the mixture item by item, which pays for a Python-level ``__getitem__`` each)."""
+        where = np.asarray(indices, np.int64).reshape(-1)
+        if where.size and (int(where.min()) < 0 or int(where.max()) >= self._length):
+            raise IndexError(f"items {where.min()}..{where.max()} are out of range for a Mixture of {len(self)} items")
+        source = np.searchsorted(self._offsets, where, side="right") - 1
+        local = (where - self._offsets[source]).tolist()
+        return map(operator.getitem, self._by_number[source].tolist(), local)
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(source, index within that source)`` of the mixture's item ``index``."""

@@ -291,6 +291,10 @@ class WorkerOrders:
         of batch ``group_index`` of ``group`` in ``epoch`` (a task's items)."""
         return self._orders.get(group, epoch).local(self._groups[group].plan, group_index, first, end)
 
+    def item_array(self, group: int, epoch: int, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
+        """:meth:`items` as an int64 array."""
+        return self._orders.get(group, epoch).local_array(self._groups[group].plan, group_index, first, end)
+
 
 #: Items of an arange written at once (so that filling a buffer needs no temporary of its size).
 _CHUNK = 1 << 20

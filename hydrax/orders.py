@@ -48,6 +48,11 @@ class ItemOrder:
         only those at local positions ``[first, end)`` when given (a task computes no more)."""
         return self.at(local_positions(plan, group_index)[first:end]).tolist()
 
+    def local_array(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
+        """:meth:`local` as an int64 array (for array arithmetic on the items, as
+        :meth:`hydrax.Mixture.take` does)."""
+        return np.asarray(self.local(plan, group_index, first, end), np.int64)
+
 
 def local_positions(plan: GroupPlan, group_index: int) -> np.ndarray:
     """The epoch positions of this process's share of batch ``group_index``."""
@@ -266,14 +271,18 @@ class MixtureOrder(ItemOrder):
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._kernels: dict[int, object] = {}  # the block a worker's batches are in, ready for its kernel
         # the batches a worker's tasks are slices of, (group_index, share) -> items
-        self._batches: OrderedDict[tuple, list[int]] = OrderedDict()
+        self._batches: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
     def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
+        return self.local_array(plan, group_index, first, end).tolist()
+
+    def local_array(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
         # A worker's tasks are slices of a few batches at a time: each batch's items are computed once.
         key = (group_index, plan.share)
         items = self._batches.get(key)
         if items is None:
-            items = self._batches[key] = self._batch(plan, group_index).tolist()
+            items = self._batches[key] = self._batch(plan, group_index)
+            items.setflags(write=False)
             if len(self._batches) > self.KEEP_BATCHES:
                 self._batches.popitem(last=False)
         return items[first:end]

@@ -59,14 +59,18 @@ def round_keys(*words: int) -> np.ndarray:
     lists of words fold the same pieces (``(2**64,)`` is not ``(0, 1)``). Each key is then the
     next splitmix64 output of that state.
     """
-    state = _START
+    return np.array(_keys_from(_START, words), np.uint64)
+
+
+def _keys_from(state: int, words) -> list[int]:
+    """The :data:`ROUNDS` keys of the splitmix64 ``state`` after folding in ``words``."""
     for word in words:
         state = _fold(state, word)
     keys = []
     for _ in range(ROUNDS):
         state = (state + _GAMMA) & _MASK64
         keys.append(_mix(state))
-    return np.array(keys, np.uint64)
+    return keys
 
 
 def _mix_array(z: np.ndarray) -> np.ndarray:
@@ -93,22 +97,32 @@ def _fold(state: int, word: int) -> int:
     return _mix(((state ^ pieces) + _GAMMA) & _MASK64)
 
 
+#: Up to this many rows, :func:`round_keys_table` computes with Python ints (measured crossover
+#: with numpy's array arithmetic: about 15 rows).
+_SMALL_TABLE = 12
+
+
 def round_keys_table(prefix: tuple[int, ...], values, suffix: tuple[int, ...] = ()) -> np.ndarray:
     """``round_keys(*prefix, v, *suffix)`` for every ``v`` of ``values`` (non-negative, below
     2**64), as a ``(len(values), ROUNDS)`` uint64 array, computed with array arithmetic: the keys
     of every run of an epoch cost microseconds, not a Python loop each."""
     values = np.asarray(values, np.uint64)
+    suffix = tuple(operator.index(word) for word in suffix)
+    for word in suffix:
+        if not 0 <= word <= _MASK64:
+            raise ValueError(f"a suffix word must be in [0, 2**64), got {word}")
     state = _START
     for word in prefix:
         state = _fold(state, word)
+    if len(values) <= _SMALL_TABLE:
+        # numpy's fixed cost per operation (~70 of them) outweighs Python ints for a few rows,
+        # the common case of a mixture's block of batches
+        return np.array([_keys_from(state, (int(v), *suffix)) for v in values.tolist()], np.uint64).reshape(len(values), ROUNDS)
     gamma = np.uint64(_GAMMA)
     with np.errstate(over="ignore"):
         states = _mix_array(((np.uint64(state) ^ values) + gamma))
         states = _mix_array((states ^ np.uint64(1)) + gamma)  # one 64-bit piece
         for word in suffix:
-            word = operator.index(word)
-            if not 0 <= word <= _MASK64:
-                raise ValueError(f"a suffix word must be in [0, 2**64), got {word}")
             states = _mix_array((states ^ np.uint64(word)) + gamma)
             states = _mix_array((states ^ np.uint64(1)) + gamma)
         keys = np.empty((len(values), ROUNDS), np.uint64)

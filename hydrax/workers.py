@@ -36,6 +36,7 @@ from . import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
+from .mixture import Mixture
 from .orderbook import BookSpec, WorkerOrders
 from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
@@ -299,18 +300,24 @@ class _Loop:
         task_id, slot, group, epoch, group_index, first, end = task
         spec = self.config.groups[group]
         plan = spec.plan
-        indices = self.orders.items(group, epoch, group_index, first, end)  # this task's items only
+        data = spec.data
+        # this task's items only; a mixture's as an array, which it splits by source at once
+        if isinstance(data, Mixture):
+            indices = self.orders.item_array(group, epoch, group_index, first, end)
+            items = data.take(indices)
+        else:
+            indices = self.orders.items(group, epoch, group_index, first, end)
+            items = map(data.__getitem__, indices)
         seeds = local_seeds(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
-        data = spec.data
         memory, status = self.memory, self.status
         started = time.perf_counter_ns()
         extras: list | None = None
         skipped: list | None = None  # (position, why) of the items zeroed instead of loaded
         for k in range(first, end):
             _core.mark_item(memory, status, task_id, k)
-            item = data[indices[k - first]]
+            item = next(items)
             try:
                 result = loader(item, views.mappings[k], None if seeds is None else seeds[k])
                 if result is not None and __debug__:

@@ -294,6 +294,11 @@ def test_the_one_call_kernel_gives_what_the_order_gives_position_by_position(bat
             assert order.local(plan, b) == whole[b].tolist()
         odd = share_ranges(plan, [(1, 4), (7, 12)])
         assert MixtureOrder(odd, epoch).local(odd, 70) == whole[70, [1, 2, 3, 7, 8, 9, 10, 11]].tolist()
+        # a worker's task reads a slice of the batch as an array, and cannot write the batch it shares
+        part = order.local_array(plan, 9, 3, 8)
+        assert part.dtype == np.int64 and part.tolist() == whole[9, 3:8].tolist() == order.local(plan, 9, 3, 8)
+        with pytest.raises(ValueError, match="read-only"):
+            part[0] = 0
     block = MixtureOrder(plan, 0)
     block.local(plan, 0)
     kernel = next(iter(block._kernels.values()))

@@ -51,6 +51,27 @@ def test_a_mixture_is_the_sequence_of_its_sources_items():
     assert Mixture([A, B], weights=[1, 1]).epoch_size == 900  # default: every source's length
 
 
+def test_take_reads_each_item_from_its_source_when_reached():
+    reads = []
+
+    class Logged(list):
+        def __getitem__(self, i):
+            reads.append(i)
+            return super().__getitem__(i)
+
+    mixture = Mixture([A, Logged(B), C], weights=[1, 1, 1])
+    indices = np.array([999, 0, 700, 701, 699, 905], np.int64)
+    items = mixture.take(indices)
+    assert reads == []  # nothing read before it is asked for
+    assert next(items) == 3099 and reads == []
+    assert next(items) == 1000 and next(items) == 2000 and reads == [0]
+    assert list(items) == [2001, 1699, 3005] and reads == [0, 1]
+    assert list(mixture.take([3, 950])) == [mixture[3], mixture[950]] and list(mixture.take([])) == []
+    for bad in ([0, 1000], [-1]):
+        with pytest.raises(IndexError, match="out of range for a Mixture of 1000 items"):
+            mixture.take(bad)
+
+
 @pytest.mark.parametrize("sources,kwargs,error,message", [
     ([], {"weights": []}, ValueError, "at least one source"),
     ([A, []], {"weights": [1, 1]}, ValueError, r"sources\[1\] is empty"),

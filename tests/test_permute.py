@@ -304,15 +304,19 @@ def test_fixed_points_and_ascending_runs_are_those_of_random_permutations():
         assert abs(runs - (n + 1) / 2) < 6 * math.sqrt((n + 1) / 12), runs
 
 
-def test_a_table_of_round_keys_is_round_keys_of_each():
+@pytest.mark.parametrize("rows", [0, 1, 7, 40])  # a few rows are computed with Python ints, many with numpy
+def test_a_table_of_round_keys_is_round_keys_of_each(rows):
     from hydrax.permute import round_keys_table
 
-    values = np.array([0, 1, 2, 4095, 2**32 + 7, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    edges = [0, 1, 2, 4095, 2**32 + 7, 2**63 + 5, 2**64 - 1]
+    values = np.array((edges * 6)[:rows] if rows < 40 else edges + list(range(1000, 1033)), dtype=np.uint64)
     for prefix, suffix in (((), ()), ((5,), (4,)), ((3, 2**70, 0), (4, 9))):
         table = round_keys_table(prefix, values, suffix)
-        assert table.shape == (len(values), len(round_keys(0)))
+        assert table.shape == (len(values), len(round_keys(0))) and table.dtype == np.uint64
         for row, value in zip(table, values.tolist()):
             assert row.tolist() == round_keys(*prefix, value, *suffix).tolist()
+    with pytest.raises(ValueError, match=r"suffix word must be in \[0, 2\*\*64\)"):
+        round_keys_table((1,), values, (2**64,))
 
 
 # --- windowed shard streams (feistel_windows)
