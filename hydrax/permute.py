@@ -104,8 +104,9 @@ _SMALL_TABLE = 12
 
 def round_keys_table(prefix: tuple[int, ...], values, suffix: tuple[int, ...] = ()) -> np.ndarray:
     """``round_keys(*prefix, v, *suffix)`` for every ``v`` of ``values`` (non-negative, below
-    2**64), as a ``(len(values), ROUNDS)`` uint64 array, computed with array arithmetic: the keys
-    of every run of an epoch cost microseconds, not a Python loop each."""
+    2**64), as a ``(len(values), ROUNDS)`` uint64 array: many rows with array arithmetic (the
+    keys of every run of an epoch cost microseconds, not a Python loop each), a few with Python
+    ints (a mixture's block of batches needs one or two rows per source)."""
     values = np.asarray(values, np.uint64)
     suffix = tuple(operator.index(word) for word in suffix)
     for word in suffix:
