@@ -95,6 +95,7 @@ def mixture_slots(
     source: np.ndarray,
     stream: np.ndarray,
 ) -> None: ...
+def mixture_locate(items: np.ndarray, offsets: np.ndarray, source: np.ndarray, local: np.ndarray) -> int: ...
 def mixture_items(
     source: np.ndarray,
     stream: np.ndarray,

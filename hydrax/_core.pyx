@@ -56,6 +56,8 @@ extension to build and ship, with each family of kernels in an include file of i
 
 - :func:`mixture_slots` reads a mixture's stratified layout: the source, and the position in
   that source's stream, of each shuffled slot of a block of batches (see :mod:`hydrax.mixing`).
+- :func:`mixture_locate` splits a mixture's items into (source, index within it): what a
+  worker does to each item of its task.
 - :func:`mixture_items` takes those stream positions to items through each source's permuted
   passes: a batch's items of every source and pass in one call.
 - :class:`MixtureBlock` holds a block's tables and does the shuffle, the slots and the items of

@@ -294,6 +294,18 @@ def mixture_slots(slots, batch_size: int, ends, before, epoch_start) -> tuple[np
     return source, np.asarray(epoch_start, np.int64)[source] + before[source, batch] + place - start
 
 
+def mixture_locate(items, offsets) -> tuple[np.ndarray, np.ndarray, int]:
+    """Twin of :func:`hydrax._core.mixture_locate`, returning ``(source, local, bad)``: the last
+    source starting at or before each item, the item's index in it, and the first item out of
+    range (-1 if none; the entries from there on are then unspecified)."""
+    items, offsets = np.asarray(items, np.int64).reshape(-1), np.asarray(offsets, np.int64)
+    if len(offsets) < 2 or offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise ValueError("offsets must start at 0 and ascend")
+    outside = np.flatnonzero((items < 0) | (items >= offsets[-1]))
+    source = np.clip(np.searchsorted(offsets, items, side="right") - 1, 0, len(offsets) - 2)
+    return source, items - offsets[source], int(outside[0]) if len(outside) else -1
+
+
 def mixture_items(source, stream, sizes, offsets, first_pass, key_rows, keys) -> np.ndarray:
     """Twin of :func:`hydrax._core.mixture_items`, returning the items: each (source, pass)
     through :func:`feistel_permute` with its row of keys; -1 for a source without rows."""

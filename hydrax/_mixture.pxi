@@ -39,6 +39,49 @@ def mixture_slots(const int64_t[::1] slots not None, int64_t batch_size, const i
                          f"or the layout's tables are inconsistent")
 
 
+def mixture_locate(const int64_t[::1] items not None, const int64_t[::1] offsets not None,
+                   int64_t[::1] source not None, int64_t[::1] local not None):
+    """Store the source of each of a mixture's ``items`` in ``source`` and its index within that
+    source in ``local``: ``offsets`` holds where each source's items start, then their total,
+    ascending; source ``s`` is the last whose start is at most the item (an empty source owns
+    nothing). Returns the index of the first item outside ``[0, offsets[-1])``, else -1 (the
+    entries from that index on are then unspecified). Raises ValueError for mismatched shapes or
+    ``offsets`` that do not start at 0 and ascend."""
+    cdef Py_ssize_t count = items.shape[0], bounds = offsets.shape[0], s, bad = -1
+    if source.shape[0] != count or local.shape[0] != count:
+        raise ValueError(f"{count} items but room for {source.shape[0]} sources and {local.shape[0]} indices")
+    if bounds < 2 or offsets[0] != 0:
+        raise ValueError("offsets must start at 0 and end with the mixture's length")
+    for s in range(1, bounds):
+        if offsets[s] < offsets[s - 1]:
+            raise ValueError(f"offsets descend at {s}")
+    if count:
+        with nogil:
+            bad = _locate(&items[0], count, &offsets[0], bounds, &source[0], &local[0])
+    return bad
+
+
+cdef Py_ssize_t _locate(const int64_t* items, Py_ssize_t count, const int64_t* offsets, Py_ssize_t bounds,
+                        int64_t* source, int64_t* local) noexcept nogil:
+    # A binary search per item over the few sources' starts; the first item out of range, or -1.
+    cdef Py_ssize_t i, low, high, middle
+    cdef int64_t item, total = offsets[bounds - 1]
+    for i in range(count):
+        item = items[i]
+        if item < 0 or item >= total:
+            return i
+        low, high = 0, bounds - 1  # offsets[low] <= item < offsets[high]
+        while high - low > 1:
+            middle = (low + high) // 2
+            if offsets[middle] <= item:
+                low = middle
+            else:
+                high = middle
+        source[i] = low
+        local[i] = item - offsets[low]
+    return -1
+
+
 def mixture_items(const int64_t[::1] source not None, const int64_t[::1] stream not None,
                   const int64_t[::1] sizes not None, const int64_t[::1] offsets not None,
                   const int64_t[::1] first_pass not None, const int64_t[::1] key_rows not None,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from .mixing import BATCHINGS, MixturePlan, check_weights
 
 
@@ -130,14 +131,21 @@ class Mixture(Sequence):
 
     def take(self, indices: Sequence[int]) -> Iterator[Any]:
         """The items ``indices`` (in range), one after the other, each read from its source when
-        the iterator reaches it: a worker's way through a task (a third of the cost of indexing
-        the mixture item by item, which pays for a Python-level ``__getitem__`` each)."""
-        where = np.asarray(indices, np.int64).reshape(-1)
-        if where.size and (int(where.min()) < 0 or int(where.max()) >= self._length):
-            raise IndexError(f"items {where.min()}..{where.max()} are out of range for a Mixture of {len(self)} items")
-        source = np.searchsorted(self._offsets, where, side="right") - 1
-        local = (where - self._offsets[source]).tolist()
-        return map(operator.getitem, self._by_number[source].tolist(), local)
+        the iterator reaches it: a worker's way through a task. Every item's source and index in
+        it are found in one kernel call (:func:`hydrax._core.mixture_locate`), so an item costs
+        its source's own ``__getitem__`` and little more. Raises IndexError naming the first item
+        out of range."""
+        source, local = self._split(indices)
+        return map(operator.getitem, self._by_number[source].tolist(), local.tolist())
+
+    def _split(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, index within it)`` of each of ``indices``, as int64 arrays, in one kernel call."""
+        where = np.ascontiguousarray(indices, np.int64).reshape(-1)
+        source, local = np.empty_like(where), np.empty_like(where)
+        bad = _core.mixture_locate(where, self._offsets, source, local)
+        if bad >= 0:
+            raise IndexError(f"item {where[bad]} (at {bad}) is out of range for a Mixture of {len(self)} items")
+        return source, local
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(source, index within that source)`` of the mixture's item ``index``."""
@@ -148,8 +156,9 @@ class Mixture(Sequence):
         return source, index - self._starts[source]
 
     def source_of(self, indices) -> np.ndarray:
-        """The source of each of the mixture's items ``indices``, as an int64 array."""
-        return np.searchsorted(self._offsets, np.asarray(indices, np.int64), side="right") - 1
+        """The source of each of the mixture's items ``indices``, as an int64 array of their shape."""
+        shape = np.shape(indices)
+        return self._split(indices)[0].reshape(shape)
 
     def mixture_plan(self, shardwise: bool = False) -> MixturePlan:
         """What the schedule needs (see :class:`hydrax.mixing.MixturePlan`); with ``shardwise``,

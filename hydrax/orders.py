@@ -250,8 +250,8 @@ class MixtureOrder(ItemOrder):
     #: Batches whose tables are computed together (two such blocks are kept): one run of
     #: ``"random"`` batching, 64 batches of ``"stratified"``.
     BLOCK = RANDOM_RUN
-    #: Batches whose items are kept for the tasks that split them (a worker's tasks come from
-    #: the few batches being loaded at once).
+    #: Whole shares of batches kept for the main process, which asks for a batch's items when it
+    #: announces the batch and again when it delivers it.
     KEEP_BATCHES = 8
 
     def __init__(self, plan: GroupPlan, epoch: int) -> None:
@@ -277,21 +277,26 @@ class MixtureOrder(ItemOrder):
         return self.local_array(plan, group_index, first, end).tolist()
 
     def local_array(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
-        # A worker's tasks are slices of a few batches at a time: each batch's items are computed once.
+        first, end, _ = slice(first, end).indices(plan.local_batch_size)
+        if first > 0 or end < plan.local_batch_size:
+            # a worker's task: only its own slice (the other loaders compute theirs)
+            return self._batch(plan, group_index, first, end)
+        # the whole share, asked for by the main process more than once (indices, read-ahead)
         key = (group_index, plan.share)
         items = self._batches.get(key)
         if items is None:
-            items = self._batches[key] = self._batch(plan, group_index)
+            items = self._batches[key] = self._batch(plan, group_index, first, end)
             items.setflags(write=False)
             if len(self._batches) > self.KEEP_BATCHES:
                 self._batches.popitem(last=False)
-        return items[first:end]
+        return items
 
-    def _batch(self, plan: GroupPlan, group_index: int) -> np.ndarray:
-        """This process's share of batch ``group_index``: one kernel call per range of the share
-        (:meth:`hydrax._core.MixtureBlock.fill`) where every source is permuted item by item."""
+    def _batch(self, plan: GroupPlan, group_index: int, first: int, end: int) -> np.ndarray:
+        """Items ``first`` to ``end - 1`` of this process's share of batch ``group_index``: one
+        kernel call per range of the share (:meth:`hydrax._core.MixtureBlock.fill`) where every
+        source is permuted item by item."""
         if self._windowed:
-            return self.at(local_positions(plan, group_index))
+            return self.at(local_positions(plan, group_index)[first:end])
         batch_size = self.plan.batch_size
         block = group_index // self.BLOCK
         kernel = self._kernels.get(block)
@@ -301,11 +306,14 @@ class MixtureOrder(ItemOrder):
                                         tables.shuffle_keys, tables.ends, tables.before, self._epoch_start, self.sizes, self._starts,
                                         tables.first_pass, tables.key_rows, tables.pass_keys)
             self._kernels = {block: kernel}  # the blocks come one after the other
-        out = np.empty(plan.local_batch_size, np.int64)
-        done = 0
+        out = np.empty(max(end - first, 0), np.int64)
+        done = offset = 0  # items written; where the range starts in the share
         for start, stop in plan.share or ((0, batch_size),):
-            kernel.fill(group_index * batch_size + start, out[done:done + stop - start])
-            done += stop - start
+            low, high = max(first, offset), min(end, offset + stop - start)
+            if low < high:
+                kernel.fill(group_index * batch_size + start + low - offset, out[done:done + high - low])
+                done += high - low
+            offset += stop - start
         return out
 
     def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

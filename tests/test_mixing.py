@@ -191,7 +191,7 @@ def test_a_billion_items_cost_no_memory_of_their_size():
     assert len(set(items) - set(large)) == 7  # the 7-item source makes about 65 passes in every batch
 
 
-# --- the kernels (hydrax._core.mixture_slots, mixture_items) against their twins
+# --- the kernels (hydrax._core.mixture_slots, mixture_locate, mixture_items) against their twins
 
 
 def block_tables(trial: int):
@@ -215,6 +215,37 @@ def test_the_slot_kernel_agrees_with_its_twin_and_the_layout(trial):
     assert source.tolist() == twin[0].tolist() and stream.tolist() == twin[1].tolist()
     expected = layout.place(*np.divmod(slots, layout.batch_size), epoch=0)
     assert source.tolist() == expected[0].tolist() and (stream - start[source]).tolist() == expected[1].tolist()
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_the_locate_kernel_agrees_with_its_twin_and_finds_the_first_item_out_of_range(trial):
+    rng = np.random.default_rng(trial)
+    sizes = rng.integers(0, 50, int(rng.integers(1, 9)))  # empty sources among them
+    sizes[rng.integers(len(sizes))] += 1
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    items = rng.integers(0, offsets[-1], int(rng.integers(0, 300))).astype(np.int64)
+    source, local = np.empty_like(items), np.empty_like(items)
+    assert _core.mixture_locate(items, offsets, source, local) == -1
+    twin = _fallback.mixture_locate(items, offsets)
+    assert source.tolist() == twin[0].tolist() and local.tolist() == twin[1].tolist() and twin[2] == -1
+    assert (sizes[source] > 0).all() and ((0 <= local) & (local < sizes[source])).all()
+    assert (offsets[source] + local == items).all()
+    if len(items):
+        for wrong in (-1, int(offsets[-1]), -(2**63), 2**63 - 1):
+            spoiled = items.copy()
+            at = int(rng.integers(len(items)))
+            spoiled[at:] = wrong
+            assert _core.mixture_locate(spoiled, offsets, source, local) == at == _fallback.mixture_locate(spoiled, offsets)[2]
+
+
+def test_the_locate_kernel_refuses_bad_offsets_and_shapes():
+    out = np.empty(2, np.int64), np.empty(2, np.int64)
+    items = np.array([0, 1], np.int64)
+    for offsets, words in (([0], "start at 0"), ([1, 5], "start at 0"), ([0, 5, 3], "descend at 2")):
+        with pytest.raises(ValueError, match=words):
+            _core.mixture_locate(items, np.array(offsets, np.int64), *out)
+    with pytest.raises(ValueError, match="room for"):
+        _core.mixture_locate(items, np.array([0, 5], np.int64), np.empty(1, np.int64), out[1])
 
 
 def test_the_slot_kernel_refuses_bad_tables_and_slots_without_reading_past_them():
@@ -294,11 +325,18 @@ def test_the_one_call_kernel_gives_what_the_order_gives_position_by_position(bat
             assert order.local(plan, b) == whole[b].tolist()
         odd = share_ranges(plan, [(1, 4), (7, 12)])
         assert MixtureOrder(odd, epoch).local(odd, 70) == whole[70, [1, 2, 3, 7, 8, 9, 10, 11]].tolist()
-        # a worker's task reads a slice of the batch as an array, and cannot write the batch it shares
+        # a worker's task computes its slice of the batch only, across the share's ranges too
         part = order.local_array(plan, 9, 3, 8)
         assert part.dtype == np.int64 and part.tolist() == whole[9, 3:8].tolist() == order.local(plan, 9, 3, 8)
+        fresh = MixtureOrder(odd, epoch)
+        for first, end in ((0, 3), (2, 5), (3, 8), (5, 6), (4, 4)):
+            assert fresh.local_array(odd, 70, first, end).tolist() == whole[70, [1, 2, 3, 7, 8, 9, 10, 11][first:end]].tolist()
+        assert not fresh._batches  # nothing kept for a slice
+        # the main process's whole share is kept, and cannot be written by whoever it is lent to
+        kept = order.local_array(plan, 9)
+        assert kept is order.local_array(plan, 9) and kept.tolist() == whole[9].tolist()
         with pytest.raises(ValueError, match="read-only"):
-            part[0] = 0
+            kept[0] = 0
     block = MixtureOrder(plan, 0)
     block.local(plan, 0)
     kernel = next(iter(block._kernels.values()))

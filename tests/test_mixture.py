@@ -67,9 +67,12 @@ def test_take_reads_each_item_from_its_source_when_reached():
     assert next(items) == 1000 and next(items) == 2000 and reads == [0]
     assert list(items) == [2001, 1699, 3005] and reads == [0, 1]
     assert list(mixture.take([3, 950])) == [mixture[3], mixture[950]] and list(mixture.take([])) == []
-    for bad in ([0, 1000], [-1]):
-        with pytest.raises(IndexError, match="out of range for a Mixture of 1000 items"):
+    for bad, words in (([0, 1000], "item 1000 \\(at 1\\)"), ([-1], "item -1 \\(at 0\\)")):
+        with pytest.raises(IndexError, match=words + " is out of range for a Mixture of 1000 items"):
             mixture.take(bad)
+    with pytest.raises(IndexError, match="item 1000"):
+        mixture.source_of([5, 1000])
+    assert mixture.source_of([[0, 999], [700, 5]]).tolist() == [[0, 2], [1, 0]]
 
 
 @pytest.mark.parametrize("sources,kwargs,error,message", [
