@@ -5,7 +5,8 @@
 # profile's tone curve), the three channels through one 3x3 matrix (source colorants to the output
 # space, composed in Python), then through the output encoding, a per-channel affine map (Coefs)
 # and the store. A row at a time: the first stage gathers, the later ones are straight loops the
-# compiler vectorises. It is a kernel because it touches every channel of every pixel of every
+# compiler vectorises; 8-bit sRGB codes without alpha (a wide-gamut JPEG into a uint8 slot) take
+# one pass of SSE2 instead, with the same arithmetic (hx_rgb_to_codes in _simd.h). It is a kernel because it touches every channel of every pixel of every
 # image, and in numpy each of those stages would be a pass over the whole image with a temporary
 # array of its own.
 
@@ -13,6 +14,10 @@ from libc.stdint cimport int32_t, uint8_t
 
 cdef extern from "_simd.h":
     void hx_code_indices(const float* values, Py_ssize_t n, float steps, int32_t* out) nogil
+    void hx_rgb_to_codes(const unsigned char* s, Py_ssize_t channels, Py_ssize_t green, Py_ssize_t blue, Py_ssize_t n,
+                         const float* lin0, const float* lin1, const float* lin2, const float* m, float steps,
+                         const unsigned char* codes, unsigned char* d0, unsigned char* d1, unsigned char* d2,
+                         Py_ssize_t step) nogil
 
 
 cdef enum:
@@ -167,6 +172,15 @@ cdef void _convert_row(const ColourPlan* p, const unsigned char* s, pixel_out_t*
     cdef float r, g, b, position, scaled, v
     cdef Py_ssize_t step = 1 if chw else p.out_channels
     cdef pixel_out_t* dest
+    if pixel_out_t is uint8_t:
+        if p.codes != NULL and p.out_channels == 3 and channels != 2 and channels != 4:
+            # 8-bit sRGB codes, no alpha: the same arithmetic in one pass, without the planes
+            if flip:
+                o += (width - 1) * step
+                step = -step
+            hx_rgb_to_codes(s, channels, green, blue, width, p.lin0, p.lin1, p.lin2, p.m, p.code_steps, p.codes, o,
+                            o + (plane if chw else 1), o + (2 * plane if chw else 2), step)
+            return
     # One plane per channel: the loops between the gather and the store then run over
     # consecutive floats, which the compiler vectorises. The matrix is copied to locals, as the
     # planes could otherwise alias it. Every value sees the same operations in the same order as

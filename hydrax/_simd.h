@@ -1,4 +1,5 @@
-/* Vector kernels for _resample.pxi: Pillow's 8-bit resampling, to the bit, with SSE2.
+/* Vector kernels for _resample.pxi (Pillow's 8-bit resampling, to the bit) and _pixels.pxi (linear
+ * light to 8-bit sRGB codes), with SSE2.
  *
  * Pillow sums pixel * weight in int32 with weights of 22 fraction bits. SSE2 has no 32-bit
  * multiply, but _mm_madd_epi16 multiplies int16 pairs and adds each pair into an int32, so each
@@ -302,27 +303,92 @@ static void hx_vertical_row(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_t 
     }
 }
 
+#ifdef HX_SSE2
+/* (int32)((double)v + 0.5) for floats 0 <= v < 2^24, exactly: the conversion rounds to nearest
+ * with ties to even, and a tie (v minus that is +-0.5; the difference is exact, the two being
+ * that close) then goes up. Summing in double is exact too, but costs four conversions per four
+ * values. Assumes the default rounding mode, which Python and numpy leave alone. */
+static inline __m128i hx_round_half_up(__m128 v)
+{
+    __m128i nearest = _mm_cvtps_epi32(v);
+    __m128 tie = _mm_cmpeq_ps(_mm_sub_ps(v, _mm_cvtepi32_ps(nearest)), _mm_set1_ps(0.5f));
+    return _mm_sub_epi32(nearest, _mm_castps_si128(tie)); /* tie lanes are -1 */
+}
+#endif
+
 /* Indices into _pixels.pxi's table of final 8-bit sRGB codes for n linear-light values: each
  * clipped to [0, 1] (NaN to 0), times steps in float, plus one half in double, truncated: the
- * scalar loop's arithmetic step for step, four values at a time. (max then min give NaN and -0.0
+ * scalar loop's results, four values at a time (see hx_round_half_up). (max then min give NaN and -0.0
  * the index 0 the scalar clip gives them.) */
 static inline void hx_code_indices(const float *values, ptrdiff_t n, float steps, int32_t *out)
 {
     ptrdiff_t x = 0;
 #ifdef HX_SSE2
     const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f), scale = _mm_set1_ps(steps);
-    const __m128d half = _mm_set1_pd(0.5);
     for (; x + 4 <= n; x += 4) {
         __m128 v = _mm_mul_ps(_mm_min_ps(_mm_max_ps(_mm_loadu_ps(values + x), zero), one), scale);
-        __m128i low = _mm_cvttpd_epi32(_mm_add_pd(_mm_cvtps_pd(v), half));
-        __m128i high = _mm_cvttpd_epi32(_mm_add_pd(_mm_cvtps_pd(_mm_movehl_ps(v, v)), half));
-        _mm_storeu_si128((__m128i *)(out + x), _mm_unpacklo_epi64(low, high));
+        _mm_storeu_si128((__m128i *)(out + x), hx_round_half_up(v));
     }
 #endif
     for (; x < n; x++) {
         float v = values[x];
         v = (v >= 0.0f && v <= 1.0f) ? v : (v > 1.0f ? 1.0f : 0.0f);
         out[x] = (int32_t)((double)(v * steps) + 0.5);
+    }
+}
+
+/* One row of n source pixels (channels bytes apart; red, green and blue at offsets 0, green and
+ * blue) to 8-bit codes: each channel through its table to linear light (lin0..2, 256 floats),
+ * the 3x3 matrix m (row-major), then clipped linear light to an index of codes (steps + 1
+ * entries). The arithmetic of _convert_row's plane loops and hx_code_indices value for value,
+ * four pixels at a time with SSE2, but in one pass with no planes in between. Channel c of pixel
+ * x goes to dc[x * step] (a negative step mirrors the row). */
+static inline void hx_rgb_to_codes(const uint8_t *s, ptrdiff_t channels, ptrdiff_t green, ptrdiff_t blue, ptrdiff_t n,
+                                   const float *lin0, const float *lin1, const float *lin2, const float *m,
+                                   float steps, const uint8_t *codes, uint8_t *d0, uint8_t *d1, uint8_t *d2,
+                                   ptrdiff_t step)
+{
+    ptrdiff_t x = 0;
+#ifdef HX_SSE2
+    const __m128 m0 = _mm_set1_ps(m[0]), m1 = _mm_set1_ps(m[1]), m2 = _mm_set1_ps(m[2]);
+    const __m128 m3 = _mm_set1_ps(m[3]), m4 = _mm_set1_ps(m[4]), m5 = _mm_set1_ps(m[5]);
+    const __m128 m6 = _mm_set1_ps(m[6]), m7 = _mm_set1_ps(m[7]), m8 = _mm_set1_ps(m[8]);
+    const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f), scale = _mm_set1_ps(steps);
+    int32_t index[12];
+    for (; x + 4 <= n; x += 4) {
+        const uint8_t *p = s + x * channels;
+        const ptrdiff_t c1 = channels, c2 = 2 * channels, c3 = 3 * channels;
+        __m128 r = _mm_setr_ps(lin0[p[0]], lin0[p[c1]], lin0[p[c2]], lin0[p[c3]]);
+        __m128 g = _mm_setr_ps(lin1[p[green]], lin1[p[c1 + green]], lin1[p[c2 + green]], lin1[p[c3 + green]]);
+        __m128 b = _mm_setr_ps(lin2[p[blue]], lin2[p[c1 + blue]], lin2[p[c2 + blue]], lin2[p[c3 + blue]]);
+        __m128 out[3];
+        out[0] = _mm_add_ps(_mm_add_ps(_mm_mul_ps(m0, r), _mm_mul_ps(m1, g)), _mm_mul_ps(m2, b));
+        out[1] = _mm_add_ps(_mm_add_ps(_mm_mul_ps(m3, r), _mm_mul_ps(m4, g)), _mm_mul_ps(m5, b));
+        out[2] = _mm_add_ps(_mm_add_ps(_mm_mul_ps(m6, r), _mm_mul_ps(m7, g)), _mm_mul_ps(m8, b));
+        for (int c = 0; c < 3; c++) {
+            __m128 v = _mm_mul_ps(_mm_min_ps(_mm_max_ps(out[c], zero), one), scale);
+            _mm_storeu_si128((__m128i *)(index + 4 * c), hx_round_half_up(v));
+        }
+        for (int k = 0; k < 4; k++) {
+            const ptrdiff_t at = (x + k) * step;
+            d0[at] = codes[index[k]];
+            d1[at] = codes[index[4 + k]];
+            d2[at] = codes[index[8 + k]];
+        }
+    }
+#endif
+    for (; x < n; x++) {
+        const uint8_t *p = s + x * channels;
+        const float r = lin0[p[0]], g = lin1[p[green]], b = lin2[p[blue]];
+        float v[3];
+        v[0] = m[0] * r + m[1] * g + m[2] * b;
+        v[1] = m[3] * r + m[4] * g + m[5] * b;
+        v[2] = m[6] * r + m[7] * g + m[8] * b;
+        uint8_t *d[3] = {d0, d1, d2};
+        for (int c = 0; c < 3; c++) {
+            float u = (v[c] >= 0.0f && v[c] <= 1.0f) ? v[c] : (v[c] > 1.0f ? 1.0f : 0.0f);
+            d[c][x * step] = codes[(int32_t)((double)(u * steps) + 0.5)];
+        }
     }
 }
 

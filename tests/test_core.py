@@ -298,19 +298,34 @@ def test_the_direct_srgb_codes_match_a_numpy_oracle_on_extreme_values():
     rng = np.random.default_rng(7)
     special = np.array([-0.0, 0.0, -1e-30, 1.0, 1.0000001, 0.99999994, -5.0, 7.0, 2.9e38, -2.9e38, 0.5, 3.0518e-05], np.float32)
     steps = np.float32(len(t.byte_curve) - 1)
-    for trial in range(12):
+    # values whose product with steps is exactly halfway between two indices: rounding goes up
+    halves = ((np.arange(len(t.byte_curve) - 1) + 0.5) / steps).astype(np.float32)
+    halves = np.concatenate([halves, np.nextafter(halves, np.float32(2)), np.nextafter(halves, np.float32(-1))])
+    products = halves * steps
+    ties = halves[products == np.floor(products) + np.float32(0.5)]
+    assert len(ties) > 100
+    special = np.concatenate([special, rng.choice(ties, 60)])
+    # RGB and gray sources; three output channels (one pass per row, four pixels at a time) and
+    # four (through planes, alpha last), HWC and CHW
+    for trial in range(24):
         lin = rng.choice(np.concatenate([special, rng.uniform(-0.5, 1.5, 40).astype(np.float32)]), (3, 256)).astype(np.float32)
         matrix = (rng.uniform(-2, 2, (3, 3)) if trial % 2 else np.eye(3) * rng.choice([1.0, -1.0, 1e30])).astype(np.float32)
-        src = rng.integers(0, 256, (9, 67, 3), np.uint8)
-        out = np.zeros((9, 67, 3), np.uint8)
-        _core.convert_pixels(src, out, False, lin, matrix, 0, t.curve, t.byte_curve, np.zeros((3, 3), np.float32),
+        channels, out_channels, chw = (3, 1)[trial % 3 == 2], (3, 4)[trial % 4 >= 2], trial % 5 >= 3
+        src = rng.integers(0, 256, (9, 67, channels), np.uint8)
+        out = np.zeros((out_channels, 9, 67) if chw else (9, 67, out_channels), np.uint8)
+        # the real table, or random codes, so that a neighbouring index shows
+        codes = t.byte_curve if trial % 3 == 0 else rng.integers(0, 256, len(t.byte_curve), np.uint8)
+        _core.convert_pixels(src, out, chw, lin, matrix, 0, t.curve, codes, np.zeros((3, 3), np.float32),
                              np.full(4, 255, np.float32), np.zeros(4, np.float32))
+        out = out.transpose(1, 2, 0) if chw else out
+        assert (out[:, :, 3:] == 255).all()
+        out = out[:, :, :3]
         with np.errstate(over="ignore", invalid="ignore"):
-            r, g, b = (lin[c][src[:, :, c]] for c in range(3))
+            r, g, b = (lin[c][src[:, :, c if channels == 3 else 0]] for c in range(3))
             mixed = [matrix[c, 0] * r + matrix[c, 1] * g + matrix[c, 2] * b for c in range(3)]  # float32, left to right
             expected = []
             for v in mixed:
                 clipped = np.where((v >= 0) & (v <= 1), v, np.where(v > 1, np.float32(1), np.float32(0))).astype(np.float32)
                 index = np.trunc((clipped * steps).astype(np.float64) + 0.5).astype(np.int64)
-                expected.append(t.byte_curve[index])
+                expected.append(codes[index])
         np.testing.assert_array_equal(out, np.stack(expected, axis=2))

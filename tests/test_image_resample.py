@@ -92,6 +92,9 @@ def test_the_fused_conversion_equals_resizing_then_convert_pixels(space, dtype):
                 resize_into(pixels, box, fused, chw=chw, flip=False, kind=2, colour=colour)
                 _core.convert_pixels(np.ascontiguousarray(resized), reference, chw, *colour)
                 np.testing.assert_array_equal(fused, reference)
+                mirrored = np.zeros(shape, dtype)
+                resize_into(pixels, box, mirrored, chw=chw, flip=True, kind=2, colour=colour)
+                np.testing.assert_array_equal(mirrored, reference[..., ::-1] if chw else reference[:, ::-1])
 
 
 def test_the_tabulated_conversion_equals_the_computed_one():
