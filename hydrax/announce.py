@@ -24,8 +24,13 @@ MAX_LOOKAHEAD = 512
 
 
 def reads_ahead(data: object) -> bool:
-    """Whether ``data`` wants to hear of upcoming batches (it has ``prefetch`` and ``release``)."""
-    return callable(getattr(data, "prefetch", None)) and callable(getattr(data, "release", None))
+    """Whether ``data`` wants to hear of upcoming batches: it has ``prefetch`` and ``release``,
+    and its ``prefetch_items``, where it says, is not 0 (a ShardSet of local files, a Mixture
+    whose sources all are: announcing would cost every batch's items once more for nothing)."""
+    if not (callable(getattr(data, "prefetch", None)) and callable(getattr(data, "release", None))):
+        return False
+    wanted = getattr(data, "prefetch_items", None)
+    return wanted is None or int(wanted) > 0
 
 
 def batches_ahead(groups: RunGroups, depth: int) -> int:

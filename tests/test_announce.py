@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from support.workbench import plan_training
 
-from hydrax import DataGroup
+from hydrax import DataGroup, Mixture
 from hydrax.announce import MAX_LOOKAHEAD, Announcer, reads_ahead
 from hydrax.inflight import InFlight
 from hydrax.schedule import iter_steps
@@ -15,7 +15,7 @@ from hydrax.schedule import iter_steps
 class Reader(list):
     """A plain list that also records the announcements it hears."""
 
-    def __init__(self, items, prefetch_items=0, fail=False):
+    def __init__(self, items, prefetch_items=None, fail=False):
         super().__init__(items)
         self.prefetch_items = prefetch_items
         self.fail = fail
@@ -76,6 +76,15 @@ def test_the_look_ahead_follows_what_the_data_asks_for_within_bounds():
 
 def test_data_without_read_ahead_hears_nothing_and_a_failing_read_ahead_is_only_a_warning(caplog):
     assert not reads_ahead(list(range(3))) and reads_ahead(Reader([]))
+    # data that says it holds nothing ahead (a ShardSet of local files, a Mixture of such sources)
+    # is not announced to: that would compute every batch's items once more for nothing
+    assert reads_ahead(Reader([], prefetch_items=1)) and not reads_ahead(Reader([], prefetch_items=0))
+    assert not reads_ahead(Mixture([range(5), Reader(range(3), prefetch_items=0)], weights=[1, 1]))
+    assert reads_ahead(Mixture([range(5), Reader(range(3), prefetch_items=4)], weights=[1, 1]))
+    quiet = Reader(range(20), prefetch_items=0)
+    announcer, _, steps = setup(quiet)
+    announcer.start([])
+    assert [announcer.take() for _ in steps] == [(step, None) for step in steps] and quiet.heard == []
     announcer, _, steps = setup(list(range(20)))
     announcer.start([])
     assert [announcer.take() for _ in steps] == [(step, None) for step in steps]
