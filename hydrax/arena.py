@@ -2,7 +2,10 @@
 
 The arena is a memfd (no name in /dev/shm, so nothing can be left behind however a run ends)
 mapped by the main process and by every worker. It holds a small status page (one 64-byte line
-per worker: heartbeat and the item being loaded) followed by ``depth`` page-aligned batch slots.
+per worker: heartbeat and the item being loaded), then each slot's item list (the indices of the
+items of the batch being loaded into it, written by the main process before it hands out the
+batch's tasks, so that the workers read their items instead of computing the order again),
+then ``depth`` page-aligned batch slots.
 A slot goes back to the free pool exactly when the last buffer export made from it is released
 (see :class:`hydrax._core.SlotLease`), on whatever thread that happens.
 """
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
+
+import numpy as np
 
 from . import _core
 
@@ -66,11 +71,14 @@ def machine_memory() -> int:
 
 
 class ArenaSpec:
-    """What a worker needs to know of the arena, besides its fd: the size and where things are."""
+    """What a worker needs to know of the arena, besides its fd: the size and where things are
+    (each slot's list of up to ``items`` int64 item indices at ``item_offsets[slot]``)."""
 
-    def __init__(self, size: int, slot_offsets: list[int]) -> None:
+    def __init__(self, size: int, slot_offsets: list[int], item_offsets: list[int], items: int) -> None:
         self.size = size
         self.slot_offsets = slot_offsets
+        self.item_offsets = item_offsets
+        self.items = items
 
     def map(self, fd: FdHandle) -> _core.ArenaMap:
         """Map the arena from ``fd`` in this process (the fd is closed afterwards; the mapping stays)."""
@@ -78,22 +86,31 @@ class ArenaSpec:
         os.close(fd.fd)
         return mapping
 
+    def item_lists(self, mapping: _core.ArenaMap) -> list[np.ndarray]:
+        """Each slot's item list as an int64 array over ``mapping`` (a worker reads a task's slice)."""
+        return [np.frombuffer(mapping, np.int64, self.items, offset) for offset in self.item_offsets]
+
 
 class Arena:
-    """``depth`` batch slots of ``slot_size`` bytes in one shared mapping, plus worker status.
+    """``depth`` batch slots of ``slot_size`` bytes in one shared mapping, plus worker status and
+    each slot's list of up to ``items`` item indices (the largest batch share of the run's groups).
 
     :param on_release: called (on any thread) after a slot has returned to the free pool.
     """
 
-    def __init__(self, depth: int, slot_size: int, workers: int, on_release: Callable[[int], None] | None = None) -> None:
+    def __init__(self, depth: int, slot_size: int, workers: int, on_release: Callable[[int], None] | None = None,
+                 items: int = 0) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self.depth = depth
         self.slot_size = max(64, int(slot_size))
+        self.items = max(0, int(items))
         status_size = _round_page(max(1, workers) * STATUS_STRIDE)
+        lists_size = _round_page(depth * self.items * 8)
+        self.item_offsets = [status_size + i * self.items * 8 for i in range(depth)]
         self.slot_stride = _round_page(self.slot_size)
-        self.size = status_size + depth * self.slot_stride
-        self.slot_offsets = [status_size + i * self.slot_stride for i in range(depth)]
+        self.size = status_size + lists_size + depth * self.slot_stride
+        self.slot_offsets = [status_size + lists_size + i * self.slot_stride for i in range(depth)]
         fd = os.memfd_create("hydrax-arena", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, self.size)
@@ -109,6 +126,7 @@ class Arena:
         self.on_release = on_release
         self._closed = False
         self._pin = None
+        self._item_lists = self.spec().item_lists(self.map)
 
     def pin(self, device_ordinal: int = 0) -> bool:
         """Page-lock the whole arena with the CUDA driver, so transfers to a GPU read it directly.
@@ -132,7 +150,13 @@ class Arena:
 
     def spec(self) -> ArenaSpec:
         """The picklable description of the arena's layout."""
-        return ArenaSpec(self.size, self.slot_offsets)
+        return ArenaSpec(self.size, self.slot_offsets, self.item_offsets, self.items)
+
+    def write_items(self, slot: int, indices: Sequence[int]) -> None:
+        """Store the items of the batch about to be loaded into ``slot``, for its tasks to read."""
+        if len(indices) > self.items:
+            raise ValueError(f"a batch share of {len(indices)} items does not fit the arena's lists of {self.items}")
+        self._item_lists[slot][: len(indices)] = indices
 
     def handle(self) -> FdHandle:
         """The arena's memfd, in a form that reaches worker processes."""
@@ -195,4 +219,5 @@ class Arena:
         self._closed = True
         self._free.clear()
         self.close_fd()
+        self._item_lists = []
         self.map = None

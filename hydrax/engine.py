@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .arena import Arena, FdHandle, machine_memory
+from .arena import Arena, machine_memory
 from .cache import CacheWriter, RunCache
 from .errors import ArenaMemoryError
 from .hosts import HostAgreement, distributed_client
@@ -64,7 +64,8 @@ class Engine:
         policy = self._policy
         groups = list(self._groups)
         check_arena_memory(policy.depth, groups)
-        self.arena = Arena(policy.depth, max(run.layout.size for run in groups), policy.loader_count)
+        self.arena = Arena(policy.depth, max(run.layout.size for run in groups), policy.loader_count,
+                           items=max(run.plan.local_batch_size for run in groups))
         config = WorkerConfig(
             self._functions.loader_func, self._functions.startup_func, policy.loader_nice,
             [GroupSpec(run.group.data, run.plan, run.layout.item_places(), run.training) for run in groups],
@@ -78,16 +79,12 @@ class Engine:
         self.pipeline = Pipeline(steps=iter_steps(self._plan), groups=self._groups, policy=policy, arena=self.arena,
                                  pool=self.pool, cache=self.cache, placement_func=self._functions.placement_func,
                                  agreement=self.agreement, stride=self._plan.stream[1] if self._plan.stream else 1)
-        book = self.pipeline.orders.book
-        config.orders = book.spec if book else None
         self.pipeline.prefill()
         # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
         # TypeError) here, naming the part and what to do.
         if policy.loader_count:
-            orders = FdHandle(book.fd) if book else None
-            self.pool.start(policy.loader_count, config, self.arena.handle(), self._functions.modules(), orders)
+            self.pool.start(policy.loader_count, config, self.arena.handle(), self._functions.modules())
         self.arena.close_fd()
-        book.close_fd()
         self.pipeline.start()
         if self.agreement is not None:
             self.agreement.start()

@@ -1,10 +1,10 @@
-"""The order book: a run's stored (``"numpy"``) item orders, once per host, in shared memory.
+"""The order book: a run's stored (``"numpy"``) item orders, once per host, ahead of need.
 
 A ``"numpy"`` order (hydrax 0.2.2's ``Generator(PCG64).permutation``) cannot be computed a
-position at a time, so it is computed whole, once, by the main process, and kept where every
-worker reads it: a memfd (nothing in /dev/shm to leave behind) mapped by all of them. Of each
-epoch's order only this process's share of every batch is kept, as ``int32`` when the group has
-under 2**31 items: ``4 * N / P`` bytes for ``P`` processes, however many workers there are.
+position at a time, so it is computed whole, once, by the main process, which lists each batch's
+items for the workers in the arena (see :mod:`hydrax.arena`): the workers never hold an order.
+Of each epoch's order only this process's share of every batch is kept, as ``int32`` when the
+group has under 2**31 items: ``4 * N / P`` bytes for ``P`` processes.
 
 An order that changes every epoch (``itemwise``, ``shardwise``) has a ring of buffers, two when
 an epoch is longer than the look-ahead: while epoch ``e`` is read from one, epoch ``e + 1`` is
@@ -12,15 +12,13 @@ computed into the other on a background thread, starting once every batch of epo
 is done (``ahead`` batches into epoch ``e``), so the pause at the boundary is gone and no more
 than two epochs are ever held. An order fixed for the run has one buffer.
 
-Each buffer opens with a tag: the epoch it holds, plus one (0 while it is being written).
-Workers check the tag before and after reading, so an order overwritten under a reader is an
-error, never a silently wrong batch.
+Each buffer opens with a tag: the epoch it holds, plus one (0 while it is being written), so
+that a buffer reused too early is an error, never a silently wrong batch.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -28,7 +26,6 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _core
 from .orders import EpochOrders, IdentityOrder, ItemOrder, ShareOrder, epoch_order
 from .schedule import GroupPlan, group_item_order, order_changes, order_seed, share_positions
 
@@ -81,45 +78,10 @@ class Shelf:
 
 @dataclass(frozen=True)
 class BookSpec:
-    """What a worker needs to map the book: its size and every group's shelf (by group index)."""
+    """Where the book's buffers are: its size and every group's shelf (by group index)."""
 
     size: int
     shelves: dict[int, Shelf]
-
-    def open(self, fd: int) -> BookReader:
-        """Map the book read-only from ``fd`` (closed afterwards) in this process."""
-        try:
-            buffer = _core.ArenaMap(fd, self.size, False)  # keeps no descriptor open, unlike mmap.mmap
-        finally:
-            os.close(fd)
-        return BookReader(self, buffer)
-
-
-class BookReader:
-    """A worker's view of the book."""
-
-    def __init__(self, spec: BookSpec, buffer) -> None:
-        self._views = {group: shelf.views(buffer) for group, shelf in spec.shelves.items()}
-        self._buffer = buffer
-
-    def __contains__(self, group: int) -> bool:
-        return group in self._views
-
-    def order(self, group: int, plan: GroupPlan, epoch: int, training: bool) -> ItemOrder:
-        """The order of ``group`` in ``epoch``, as the main process stored it."""
-        key = stored_epoch(plan, epoch, training)
-        if key is None:
-            return IdentityOrder()
-        views = self._views[group]
-        tag, rows = views[key % len(views)]
-
-        def check() -> None:
-            if int(tag[0]) != key + 1:
-                raise RuntimeError(f"the stored order of group {group} for epoch {key} is not in the order book "
-                                   f"(it holds epoch {int(tag[0]) - 1}); this is a hydrax bug, please report it")
-
-        check()
-        return ShareOrder(rows, check)
 
 
 class OrderBook:
@@ -145,7 +107,6 @@ class OrderBook:
             shelves[index] = Shelf(tuple(size + i * stride for i in range(ring)), plan.batch_count, plan.local_batch_size, dtype)
             size += ring * stride
         self.spec = BookSpec(max(size, PAGE), shelves)
-        self._fd: int | None = None
         self._views: dict[int, list] = {}
         self._state: dict[tuple[int, int], threading.Event] = {}  # (group, stored epoch) -> computed
         self._errors: dict[tuple[int, int], BaseException] = {}
@@ -154,9 +115,9 @@ class OrderBook:
         # malloc arena full of the freed temporaries of an O(N) computation.
         self._jobs: queue.SimpleQueue | None = None
         if shelves:
-            self._fd = os.memfd_create("hydrax-orders", os.MFD_CLOEXEC)
-            os.ftruncate(self._fd, self.spec.size)
-            self._buffer = _core.ArenaMap(self._fd, self.spec.size)
+            # zeroed pages come from the kernel as they are first written: an order fixed for
+            # the run takes one buffer's memory, not its whole ring's
+            self._buffer = np.zeros(self.spec.size, np.uint8)
             self._views = {group: shelf.views(self._buffer) for group, shelf in shelves.items()}
 
     def __bool__(self) -> bool:
@@ -164,17 +125,6 @@ class OrderBook:
 
     def __contains__(self, group: int) -> bool:
         return group in self._views
-
-    @property
-    def fd(self) -> int | None:
-        """The book's memfd, for the workers (None when no group stores an order)."""
-        return self._fd
-
-    def close_fd(self) -> None:
-        """Close the memfd once every worker has mapped it; the mappings live on."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def order(self, group: int, epoch: int, epoch_batch: int = 0) -> ItemOrder:
         """The order of ``group`` in ``epoch`` (computed now if it is not ready), for a batch
@@ -192,7 +142,15 @@ class OrderBook:
         if error is not None:
             raise error
         views = self._views[group]
-        return ShareOrder(views[key % len(views)][1])
+        tag, rows = views[key % len(views)]
+
+        def check() -> None:
+            if int(tag[0]) != key + 1:
+                raise RuntimeError(f"the stored order of group {group} for epoch {key} is not in the order book "
+                                   f"(it holds epoch {int(tag[0]) - 1}); this is a hydrax bug, please report it")
+
+        check()
+        return ShareOrder(rows, check)
 
     def _start(self, group: int, key: int, background: bool) -> None:
         """Compute the stored order of epoch ``key`` (on a thread when ``background``), once."""
@@ -217,8 +175,7 @@ class OrderBook:
             done.wait()  # it may be on its way in the background
 
     def close(self) -> None:
-        """Stop the background thread (after the order it may be computing); close the memfd."""
-        self.close_fd()
+        """Stop the background thread (after the order it may be computing)."""
         if self._jobs is not None:
             self._jobs.put(None)
             self._jobs = None
@@ -266,34 +223,6 @@ class RunOrders:
     def close(self) -> None:
         """The run is over: stop computing orders ahead."""
         self.book.close()
-
-
-class WorkerOrders:
-    """The item orders of a run's groups in a worker: read from the book where the main process
-    stores them, else computed (lazy or unshuffled) and kept for two epochs per group.
-
-    :param groups: the run's groups as the worker sees them (each with ``plan`` and ``training``).
-    """
-
-    def __init__(self, groups, book: BookReader | None) -> None:
-        self._groups = groups
-        self._book = book
-        self._orders = EpochOrders(self._make)
-
-    def _make(self, group: int, epoch: int) -> ItemOrder:
-        spec = self._groups[group]
-        if self._book is not None and group in self._book:
-            return self._book.order(group, spec.plan, epoch, spec.training)
-        return epoch_order(spec.plan, epoch, spec.training)
-
-    def items(self, group: int, epoch: int, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
-        """The indices of the items at local positions ``[first, end)`` of this process's share
-        of batch ``group_index`` of ``group`` in ``epoch`` (a task's items)."""
-        return self._orders.get(group, epoch).local(self._groups[group].plan, group_index, first, end)
-
-    def item_array(self, group: int, epoch: int, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
-        """:meth:`items` as an int64 array."""
-        return self._orders.get(group, epoch).local_array(self._groups[group].plan, group_index, first, end)
 
 
 #: Items of an arange written at once (so that filling a buffer needs no temporary of its size).

@@ -45,13 +45,8 @@ class ItemOrder:
 
     def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
         """The items of this process's share (``plan.share``) of batch ``group_index``, as ints;
-        only those at local positions ``[first, end)`` when given (a task computes no more)."""
+        only those at local positions ``[first, end)`` when given."""
         return self.at(local_positions(plan, group_index)[first:end]).tolist()
-
-    def local_array(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
-        """:meth:`local` as an int64 array (for array arithmetic on the items, as
-        :meth:`hydrax.Mixture.take` does)."""
-        return np.asarray(self.local(plan, group_index, first, end), np.int64)
 
 
 def local_positions(plan: GroupPlan, group_index: int) -> np.ndarray:
@@ -270,16 +265,17 @@ class MixtureOrder(ItemOrder):
         self._passes: OrderedDict[tuple[int, int], ItemOrder] = OrderedDict()
         self._blocks: OrderedDict[int, _Block] = OrderedDict()
         self._kernels: dict[int, object] = {}  # the block a worker's batches are in, ready for its kernel
-        # the batches a worker's tasks are slices of, (group_index, share) -> items
+        # whole shares of batches, (group_index, share) -> items
         self._batches: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
     def local(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> Sequence[int]:
         return self.local_array(plan, group_index, first, end).tolist()
 
     def local_array(self, plan: GroupPlan, group_index: int, first: int = 0, end: int | None = None) -> np.ndarray:
+        """:meth:`local` as an int64 array (a whole share is kept, read-only: the main process
+        asks for a batch's items when it announces the batch and again when it loads it)."""
         first, end, _ = slice(first, end).indices(plan.local_batch_size)
-        if first > 0 or end < plan.local_batch_size:
-            # a worker's task: only its own slice (the other loaders compute theirs)
+        if first > 0 or end < plan.local_batch_size:  # a part: computed alone
             return self._batch(plan, group_index, first, end)
         # the whole share, asked for by the main process more than once (indices, read-ahead)
         key = (group_index, plan.share)

@@ -281,6 +281,7 @@ class Pipeline:
                 self._finish(record)
                 return
         self._inflight[seq] = record
+        self._arena.write_items(slot, record.indices)  # the workers read their items there
         for first, end in bounds:
             self._task_id += 1
             self._task_batch[self._task_id] = (seq, first, end)

@@ -37,7 +37,6 @@ from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
 from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
 from .mixture import Mixture
-from .orderbook import BookSpec, WorkerOrders
 from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
 from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
 from .schedule import GroupPlan, local_seeds
@@ -79,9 +78,6 @@ class WorkerConfig:
     #: whole logging set-up; one started from the fork server (a fresh interpreter) takes this
     #: level, so that quieting hydrax's messages in the program quiets its workers too.
     log_level: int = logging.NOTSET
-    #: Where the main process stores the run's ``"numpy"`` orders (see :mod:`hydrax.orderbook`);
-    #: None: every order is computed here.
-    orders: BookSpec | None = None
 
 
 def pack_config(config: WorkerConfig, shared: list | None = None) -> bytes:
@@ -170,7 +166,7 @@ def _refcounts(views: tuple) -> list[int]:
 
 
 def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions,
-                orders: FdHandle | None = None, shared: tuple | None = None) -> None:
+                shared: tuple | None = None) -> None:
     """Body of worker process ``index``: load tasks until the task pipe closes.
 
     ``config`` arrives pickled once for all workers when they start from the fork server (a large
@@ -197,7 +193,6 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
             logging.getLogger("hydrax").setLevel(config.log_level)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     memory = config.arena.map(arena)
-    book = config.orders.open(orders.fd) if orders is not None and config.orders is not None else None
     status = status_line(index)
     threading.Thread(target=_core.heartbeat, args=(memory, status, HEARTBEAT_PERIOD_US), name="hydrax-heartbeat", daemon=True).start()
     if config.loader_nice:
@@ -211,7 +206,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except BaseException as exc:
             _report_startup_failure(completions, index, "startup_func", exc)
             sys.exit(1)
-    _Loop(config, memory, status, tasks.fd, completions, WorkerOrders(config.groups, book)).run()
+    _Loop(config, memory, status, tasks.fd, completions).run()
 
 
 def safe_repr(item: Any) -> str:
@@ -225,7 +220,7 @@ def safe_repr(item: Any) -> str:
 class _Loop:
     """One worker's loop: tasks from the shared pipe, items into the slots, completions back."""
 
-    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions, orders: WorkerOrders) -> None:
+    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions) -> None:
         self.config = config
         self.tasks = tasks
         self.memory = memory
@@ -233,7 +228,8 @@ class _Loop:
         self.stop = status + STOP_WORD
         self.completions = completions
         self.views: dict[tuple[int, int], _ItemViews] = {}
-        self.orders = orders
+        # each slot's items, written by the main process before it hands out the batch's tasks
+        self.item_lists = config.arena.item_lists(memory)
 
     def item_views(self, slot: int, group: int) -> _ItemViews:
         """The views of every item's place in ``slot`` for ``group``, built once."""
@@ -274,7 +270,7 @@ class _Loop:
         """The failed result of ``task``, whose ``result`` could not be pickled: names the item and the key."""
         spec = self.config.groups[task.group]
         first, end = task.first, task.end
-        indices = self.orders.items(task.group, task.epoch, task.group_index, first, end)
+        indices = self.item_lists[task.slot][first:end].tolist()
         reason = None
         for k, extras in enumerate(result.extras or (), first):
             for key, value in (extras or {}).items():
@@ -301,13 +297,11 @@ class _Loop:
         spec = self.config.groups[group]
         plan = spec.plan
         data = spec.data
-        # this task's items only; a mixture's as an array, which it splits by source at once
-        if isinstance(data, Mixture):
-            indices = self.orders.item_array(group, epoch, group_index, first, end)
-            items = data.take(indices)
-        else:
-            indices = self.orders.items(group, epoch, group_index, first, end)
-            items = map(data.__getitem__, indices)
+        # this task's items, as the main process listed them for the slot; a mixture splits them
+        # by source at once
+        listed = self.item_lists[slot][first:end]
+        indices = listed.tolist()
+        items = data.take(listed) if isinstance(data, Mixture) else map(data.__getitem__, indices)
         seeds = local_seeds(plan, epoch, group_index) if spec.training else None
         views = self.item_views(slot, group)
         loader = self.config.loader_func
@@ -388,10 +382,8 @@ class WorkerPool:
         self.processes: list[mp.process.BaseProcess] = []
         self.connections = []
 
-    def start(self, count: int, config: WorkerConfig, arena: FdHandle, preload: Sequence[str] = (),
-              orders: FdHandle | None = None) -> None:
-        """Start ``count`` workers; with tasks already queued the first ones start loading at once.
-        ``orders`` is the order book's memfd, when the main process stores orders."""
+    def start(self, count: int, config: WorkerConfig, arena: FdHandle, preload: Sequence[str] = ()) -> None:
+        """Start ``count`` workers; with tasks already queued the first ones start loading at once."""
         method = self.method
         if method == "forkserver":
             warm_forkserver(preload)
@@ -409,7 +401,7 @@ class WorkerPool:
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
                 for i in range(count):
                     receive, send = ctx.Pipe(duplex=False)
-                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, orders, share), name=f"hydrax-loader-{i}", daemon=True)
+                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, share), name=f"hydrax-loader-{i}", daemon=True)
                     process.start()
                     send.close()
                     self.processes.append(process)

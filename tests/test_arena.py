@@ -7,15 +7,28 @@ import numpy as np
 import pytest
 
 from hydrax import _core
-from hydrax.arena import PAGE, STATUS_STRIDE, Arena, status_line
+from hydrax.arena import PAGE, STATUS_STRIDE, Arena, FdHandle, status_line
 
 
-def test_slots_are_page_aligned_after_one_status_line_per_worker():
+def test_slots_are_page_aligned_after_one_status_line_per_worker_and_the_item_lists():
     arena = Arena(depth=3, slot_size=10_000, workers=70)
     try:
         assert arena.slot_offsets[0] == 2 * PAGE  # 70 status lines of 64 bytes need two pages
         assert all(offset % PAGE == 0 for offset in arena.slot_offsets) and arena.slot_stride == 3 * PAGE
         assert arena.size == arena.slot_offsets[-1] + arena.slot_stride and status_line(69) == 69 * STATUS_STRIDE
+    finally:
+        arena.close()
+    arena = Arena(depth=3, slot_size=10_000, workers=2, items=1000)  # 3 lists of 8,000 bytes: 6 pages
+    try:
+        assert arena.item_offsets == [PAGE, PAGE + 8000, PAGE + 16000] and arena.slot_offsets[0] == 7 * PAGE
+        arena.write_items(1, range(5, 1005))
+        arena.write_items(2, [7, 8])
+        # a worker's mapping of the same memfd reads the lists the main process wrote
+        spec = arena.spec()
+        lists = spec.item_lists(spec.map(FdHandle(os.dup(arena.handle().fd))))
+        assert lists[1].tolist() == list(range(5, 1005)) and lists[2][:2].tolist() == [7, 8]
+        with pytest.raises(ValueError, match="does not fit"):
+            arena.write_items(0, range(1001))
     finally:
         arena.close()
     with pytest.raises(ValueError, match="depth must be at least 1"):

@@ -47,7 +47,7 @@ def test_a_task_fills_its_positions_with_the_schedules_items_and_seeds(method):
 def test_a_failed_item_fails_its_task_naming_the_item():
     with workbench(load_failing_on_5, data=range(8)) as bench:
         for task_id, step in ((1, 0), (2, 1)):
-            bench.pool.submit(bench.task(task_id, step=step))
+            bench.pool.submit(bench.task(task_id, step=step, slot=step))  # a slot per batch, as in a run
         results = {done.task_id: done for done in (bench.receive(), bench.receive())}
     failed = [done for done in results.values() if not done.ok]
     assert len(failed) == 1 and failed[0].error.startswith("ValueError: five (item 5: 5)") and failed[0].fatal is None

@@ -40,10 +40,12 @@ class Bench:
     steps: list
 
     def task(self, task_id: int, step: int = 0, slot: int = 0, first: int = 0, end: int | None = None) -> Task:
-        """The task of positions ``[first, end)`` of the ``step``-th batch of the schedule."""
+        """The task of positions ``[first, end)`` of the ``step``-th batch of the schedule, its
+        batch's items listed for ``slot`` as the pipeline lists them."""
         s = self.steps[step]
         run = self.groups.of(s)
         end = run.plan.local_batch_size if end is None else end
+        self.arena.write_items(slot, run.items(s))
         return Task(task_id, slot, run.index, run.epoch_of(s), s.group_index, first, end)
 
     def record(self, task_id: int, step: int = 0, slot: int = 0) -> InFlight:
@@ -74,7 +76,7 @@ def workbench(loader: Callable, *, workers: int = 1, method: str | None = None, 
     start (default: as a run would, see :func:`hydrax.processes.start_method`)."""
     group = DataGroup(batch_size, data, loader_arrays=ARRAYS, seed=7)
     schedule, groups = plan_training(group, epochs=2)
-    arena = Arena(2, groups.training[0].layout.size, workers)
+    arena = Arena(2, groups.training[0].layout.size, workers, items=batch_size)
     config = WorkerConfig(loader, startup, 0, [GroupSpec(run.group.data, run.plan, run.layout.item_places(), run.training)
                                                for run in groups], arena.spec(), skip_failed_items=skip_failed_items)
     pool = WorkerPool(method or start_method())
