@@ -6,9 +6,9 @@
 # space, composed in Python), then through the output encoding, a per-channel affine map (Coefs)
 # and the store. A row at a time: the first stage gathers, the later ones are straight loops the
 # compiler vectorises; 8-bit sRGB codes without alpha (a wide-gamut JPEG into a uint8 slot) take
-# one pass of SSE2 instead, with the same arithmetic (hx_rgb_to_codes in _simd.h). It is a kernel because it touches every channel of every pixel of every
-# image, and in numpy each of those stages would be a pass over the whole image with a temporary
-# array of its own.
+# one pass of SSE2 instead, with the same arithmetic (hx_rgb_to_codes in _simd.h). It is a kernel
+# because it touches every channel of every pixel of every image, and in numpy each of those
+# stages would be a pass over the whole image with a temporary array of its own.
 
 from libc.stdint cimport int32_t, uint8_t
 

@@ -316,10 +316,16 @@ static inline __m128i hx_round_half_up(__m128 v)
 }
 #endif
 
-/* Indices into _pixels.pxi's table of final 8-bit sRGB codes for n linear-light values: each
- * clipped to [0, 1] (NaN to 0), times steps in float, plus one half in double, truncated: the
- * scalar loop's results, four values at a time (see hx_round_half_up). (max then min give NaN and -0.0
- * the index 0 the scalar clip gives them.) */
+/* The index into _pixels.pxi's table of final 8-bit sRGB codes for one linear-light value: clipped
+ * to [0, 1] (NaN to 0), times steps in float, plus one half in double, truncated. */
+static inline int32_t hx_code_index(float v, float steps)
+{
+    v = (v >= 0.0f && v <= 1.0f) ? v : (v > 1.0f ? 1.0f : 0.0f);
+    return (int32_t)((double)(v * steps) + 0.5);
+}
+
+/* hx_code_index of n values, four at a time (see hx_round_half_up; max then min give NaN and
+ * -0.0 the index 0 the scalar clip gives them). */
 static inline void hx_code_indices(const float *values, ptrdiff_t n, float steps, int32_t *out)
 {
     ptrdiff_t x = 0;
@@ -330,17 +336,14 @@ static inline void hx_code_indices(const float *values, ptrdiff_t n, float steps
         _mm_storeu_si128((__m128i *)(out + x), hx_round_half_up(v));
     }
 #endif
-    for (; x < n; x++) {
-        float v = values[x];
-        v = (v >= 0.0f && v <= 1.0f) ? v : (v > 1.0f ? 1.0f : 0.0f);
-        out[x] = (int32_t)((double)(v * steps) + 0.5);
-    }
+    for (; x < n; x++)
+        out[x] = hx_code_index(values[x], steps);
 }
 
 /* One row of n source pixels (channels bytes apart; red, green and blue at offsets 0, green and
  * blue) to 8-bit codes: each channel through its table to linear light (lin0..2, 256 floats),
  * the 3x3 matrix m (row-major), then clipped linear light to an index of codes (steps + 1
- * entries). The arithmetic of _convert_row's plane loops and hx_code_indices value for value,
+ * entries). The arithmetic of _convert_row's plane loops and hx_code_index value for value,
  * four pixels at a time with SSE2, but in one pass with no planes in between. Channel c of pixel
  * x goes to dc[x * step] (a negative step mirrors the row). */
 static inline void hx_rgb_to_codes(const uint8_t *s, ptrdiff_t channels, ptrdiff_t green, ptrdiff_t blue, ptrdiff_t n,
@@ -384,11 +387,9 @@ static inline void hx_rgb_to_codes(const uint8_t *s, ptrdiff_t channels, ptrdiff
         v[0] = m[0] * r + m[1] * g + m[2] * b;
         v[1] = m[3] * r + m[4] * g + m[5] * b;
         v[2] = m[6] * r + m[7] * g + m[8] * b;
-        uint8_t *d[3] = {d0, d1, d2};
-        for (int c = 0; c < 3; c++) {
-            float u = (v[c] >= 0.0f && v[c] <= 1.0f) ? v[c] : (v[c] > 1.0f ? 1.0f : 0.0f);
-            d[c][x * step] = codes[(int32_t)((double)(u * steps) + 0.5)];
-        }
+        d0[x * step] = codes[hx_code_index(v[0], steps)];
+        d1[x * step] = codes[hx_code_index(v[1], steps)];
+        d2[x * step] = codes[hx_code_index(v[2], steps)];
     }
 }
 

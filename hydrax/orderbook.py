@@ -19,6 +19,7 @@ that a buffer reused too early is an error, never a silently wrong batch.
 from __future__ import annotations
 
 import logging
+import mmap
 import queue
 import threading
 from dataclasses import dataclass
@@ -115,9 +116,7 @@ class OrderBook:
         # malloc arena full of the freed temporaries of an O(N) computation.
         self._jobs: queue.SimpleQueue | None = None
         if shelves:
-            # zeroed pages come from the kernel as they are first written: an order fixed for
-            # the run takes one buffer's memory, not its whole ring's
-            self._buffer = np.zeros(self.spec.size, np.uint8)
+            self._buffer = _book_pages(self.spec.size)
             self._views = {group: shelf.views(self._buffer) for group, shelf in shelves.items()}
 
     def __bool__(self) -> bool:
@@ -196,6 +195,15 @@ class OrderBook:
             self._errors[(group, key)] = exc
         finally:
             done.set()
+
+
+def _book_pages(size: int) -> mmap.mmap:
+    """``size`` zeroed bytes, shared and anonymous: the kernel provides the pages as they are first
+    written (an order fixed for the run takes one buffer's memory, not its whole ring's), and a
+    worker forked after an order was written shares its pages instead of keeping them when the
+    main process rewrites them, as it would keep private copy-on-write pages (up to a whole book
+    per worker). The workers never read it; nothing is left in /dev/shm."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
 
 
 class RunOrders:
