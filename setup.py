@@ -1,6 +1,7 @@
 """Builds the Cython extension ``hydrax._core``; everything else lives in pyproject.toml."""
 
 import os
+import sys
 
 import numpy
 from Cython.Build import cythonize
@@ -25,10 +26,13 @@ extensions = [
         # _core.pyx includes the _*.pxi files next to it; cythonize finds them there and
         # recompiles when one changes, so they are not sources of their own.
         ["hydrax/_core.pyx"],
-        depends=["hydrax/_simd.h"],  # the SIMD kernels _resample.pxi includes
+        # the C headers the .pxi files include: SIMD kernels, the plane kernels, the libjpeg binding
+        depends=["hydrax/_simd.h", "hydrax/_planar.h", "hydrax/_libjpeg.h"],
         include_dirs=[numpy.get_include()],
         extra_compile_args=["-O3"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # dlopen, for the libjpeg-turbo Pillow brings (in libc itself from glibc 2.34)
+        libraries=["dl"] if sys.platform.startswith("linux") else [],
     )
 ]
 

@@ -75,6 +75,31 @@ def resample_into(
     rows: Taps,
     colour: tuple | None,
 ) -> None: ...
+def jpeg_plane_layout(
+    width: int, height: int, sampling: tuple[tuple[int, int], ...]
+) -> tuple[tuple[tuple[int, int, int, int, int], ...], int]: ...
+
+class JpegLibrary:
+    path: str
+    def __init__(self, path: str) -> None: ...
+    def decode_planes(
+        self, data: memoryview | bytes, width: int, height: int, sampling: tuple[tuple[int, int], ...], buffer: np.ndarray
+    ) -> int: ...
+
+def planar_kernels(most: int = -1) -> int: ...
+def resample_planes_into(
+    y: np.ndarray,
+    cb: np.ndarray,
+    cr: np.ndarray,
+    out: np.ndarray,
+    chw: bool,
+    flip: bool,
+    luma_columns: Taps,
+    luma_rows: Taps,
+    chroma_columns: Taps,
+    chroma_rows: Taps,
+    colour: tuple | None,
+) -> None: ...
 def feistel_permute(n: int, keys: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None: ...
 def feistel_windows(
     positions: np.ndarray,

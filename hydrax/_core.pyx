@@ -38,6 +38,14 @@ extension to build and ship, with each family of kernels in an include file of i
   so a rotated view costs nothing) and hands each finished row to the conversion above, so the
   slot is written in one call with the same values Pillow's ``resize`` gives.
 
+``_planes.pxi``: a JPEG's own planes into batch slots.
+
+- :class:`JpegLibrary` opens libjpeg-turbo at run time (the copy Pillow's wheels carry) and
+  decodes a JPEG's Y, Cb and Cr planes as stored, laid out as :func:`jpeg_plane_layout` says;
+  a damaged file is reported, never half decoded.
+- :func:`resample_planes_into` resizes each plane on its own grid and converts YCbCr to RGB for
+  the output's pixels only, then hands each row to the conversion above.
+
 ``_permute.pxi``: orders computed, not stored.
 
 - :func:`feistel_permute` maps positions to items through a keyed bijection of ``[0, n)`` (a
@@ -70,13 +78,14 @@ tests use them as the oracle (and numpy itself for the shuffles).
 # The include files share this module's namespace: a name more than one family uses is cimported
 # here, any other in the file that uses it.
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 include "_arena.pxi"
 include "_tar.pxi"
 include "_pixels.pxi"
 include "_resample.pxi"
+include "_planes.pxi"
 include "_permute.pxi"
 include "_shuffle.pxi"
 include "_mixture.pxi"

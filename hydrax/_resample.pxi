@@ -27,6 +27,11 @@ cdef extern from "_simd.h":
     void hx_vertical_row(const unsigned char* src, Py_ssize_t row_stride, Py_ssize_t values, Py_ssize_t ymin,
                          Py_ssize_t count, const int32_t* k, const int16_t* pw, unsigned char* dest) noexcept nogil
 
+# The plane kernels' fixed point (_planes.pxi), whose weights Taps also keeps.
+cdef extern from "_planar.h":
+    int HX_WBITS
+    int HX_KPAD
+
 cdef enum:
     RESAMPLE_BITS = 22          # fraction bits of the weights: 8 bits of value and 2 of headroom below 32
     RESAMPLE_MAX_SIDE = 1 << 24  # beyond any image a JPEG, PNG or WebP can hold
@@ -100,12 +105,20 @@ cdef class Taps:
     cdef int16_t* pairs
     cdef void* pairs_block
     cdef Py_ssize_t npairs
+    # The weights again with 14 fraction bits, kpad (a multiple of 8) per output pixel, zero past
+    # its count, summing to exactly one, for the plane kernels (_planes.pxi); 16-byte aligned.
+    cdef int16_t* short_weights
+    cdef void* short_block
+    cdef Py_ssize_t kpad
 
-    def __cinit__(self, Py_ssize_t in_size, double in0, double in1, Py_ssize_t out_size, int kind):
+    def __cinit__(self, Py_ssize_t in_size, double in0, double in1, Py_ssize_t out_size, int kind,
+                  Py_ssize_t chroma=0):
         self.bounds = NULL
         self.weights = NULL
         self.pairs = NULL
         self.pairs_block = NULL
+        self.short_weights = NULL
+        self.short_block = NULL
         if not FILTER_LANCZOS <= kind <= FILTER_HAMMING:
             raise ValueError(f"unsupported resampling filter {kind} (Pillow's numbers 1-5; nearest is not one)")
         if not (0 < in_size <= RESAMPLE_MAX_SIDE and 0 < out_size <= RESAMPLE_MAX_SIDE):
@@ -121,16 +134,24 @@ cdef class Taps:
         self.ksize = <Py_ssize_t>ceil(support) * 2 + 1
         if self.ksize * out_size > RESAMPLE_MAX_TAPS:
             raise ValueError(f"resampling {in_size} pixels into {out_size} needs too many weights")
+        if chroma and not (in_size + 1) // 2 == chroma:
+            raise ValueError(f"{in_size} pixels have {(in_size + 1) // 2} chroma samples at half resolution, not {chroma}")
         self.in_size, self.out_size = in_size, out_size
         self.needed = out_size != in_size or start != 0.0 or stop != out_size
         self.bounds = <int32_t*>malloc(2 * out_size * sizeof(int32_t))
         self.weights = <int32_t*>malloc(self.ksize * out_size * sizeof(int32_t))
-        cdef double* scratch = <double*>malloc(self.ksize * sizeof(double))
+        cdef double* scratch = <double*>malloc((3 * self.ksize + 8) * sizeof(double))
         if self.bounds == NULL or self.weights == NULL or scratch == NULL:
             free(scratch)
             raise MemoryError()
-        _compute_taps(self, start, scale, filterscale, support, kind, scratch)
+        _compute_taps(self, start, scale, filterscale, support, kind, scratch, chroma)
         free(scratch)
+        self.kpad = _short_pad(self)
+        self.short_block = malloc(self.out_size * self.kpad * sizeof(int16_t) + 15)
+        if self.short_block == NULL:
+            raise MemoryError()
+        self.short_weights = <int16_t*>((<uintptr_t>self.short_block + 15) & ~<uintptr_t>15)
+        _shorten_taps(self)
         if HX_SIMD:
             _split_taps(self)
 
@@ -138,6 +159,7 @@ cdef class Taps:
         free(self.bounds)
         free(self.weights)
         free(self.pairs_block)
+        free(self.short_block)
 
     def arrays(self):
         """``(bounds, weights)`` as numpy arrays: (out_size, 2) first input pixel and count,
@@ -153,7 +175,9 @@ cdef class Taps:
 
 
 cdef void _compute_taps(Taps taps, float start, double scale, double filterscale, double support, int kind,
-                        double* k) noexcept:
+                        double* k, Py_ssize_t chroma) noexcept:
+    """Each output pixel's weights as Pillow computes them (``k``: 3 x ksize + 8 doubles of scratch),
+    folded onto ``chroma`` samples where that is not 0 (see :func:`_fold_taps`)."""
     cdef Py_ssize_t xx, x, xmin, xmax, ksize = taps.ksize
     cdef double center, total, weight
     cdef double ss = 1.0 / filterscale
@@ -176,14 +200,87 @@ cdef void _compute_taps(Taps taps, float start, double scale, double filterscale
             weight = _filter_weight(kind, (x + xmin - center + 0.5) * ss)
             k[x] = weight
             total += weight
+        if total != 0.0:
+            for x in range(xmax):
+                k[x] /= total
+            total = 1.0
+        if chroma:
+            xmin, xmax = _fold_taps(k, xmin, xmax, chroma, k + ksize)
+            xmax = min(xmax, ksize)  # cannot happen (see _fold_taps); the kernel relies on it
         fixed = taps.weights + xx * ksize
         for x in range(ksize):
             weight = (k[x] / total if total != 0.0 else k[x]) if x < xmax else 0.0
             fixed[x] = <int32_t>(weight * (1 << RESAMPLE_BITS) + (0.5 if weight >= 0 else -0.5))
         taps.bounds[2 * xx] = <int32_t>xmin
         taps.bounds[2 * xx + 1] = <int32_t>xmax
+    if chroma:
+        taps.in_size = chroma
     taps.first = taps.bounds[0]
     taps.last = taps.bounds[2 * (taps.out_size - 1)] + taps.bounds[2 * (taps.out_size - 1) + 1]
+
+
+cdef (Py_ssize_t, Py_ssize_t) _fold_taps(double* k, Py_ssize_t xmin, Py_ssize_t count, Py_ssize_t chroma,
+                                         double* folded) noexcept:
+    """Weights ``k`` of luma pixels ``xmin``.. (``count`` of them) moved onto the chroma samples
+    they are made of when libjpeg upsamples chroma of half resolution with its triangle filter
+    (luma pixel 2m: 3/4 of sample m and 1/4 of m - 1; 2m + 1: 3/4 of m and 1/4 of m + 1; the
+    edges repeat): so resampling the chroma plane with the folded weights gives what resampling
+    libjpeg's upsampled chroma would, without upsampling it. Returns (first sample, count), the
+    weights in ``k``: at most count // 2 + 2 of them, which is never more than ksize (``folded``
+    has room for count // 2 + 4)."""
+    if count == 0:
+        return 0, 0
+    cdef Py_ssize_t x, near, far, low = max(xmin // 2 - 1, 0), high = min((xmin + count - 1) // 2 + 1, chroma - 1)
+    for x in range(high - low + 1):
+        folded[x] = 0.0
+    for x in range(xmin, xmin + count):
+        near = x // 2
+        far = near - 1 if x % 2 == 0 else near + 1
+        far = min(max(far, 0), chroma - 1)
+        folded[near - low] += 0.75 * k[x - xmin]
+        folded[far - low] += 0.25 * k[x - xmin]
+    while high > low and folded[high - low] == 0.0:
+        high -= 1
+    x = 0
+    while low + x < high and folded[x] == 0.0:
+        x += 1
+    low += x
+    for near in range(high - low + 1):
+        k[near] = folded[near + x]
+    return low, high - low + 1
+
+
+cdef Py_ssize_t _short_pad(Taps taps) noexcept:
+    """The short weights' count per pixel: the most taps any pixel has, rounded up to 4 or to a
+    multiple of 8 (what the kernels read at once)."""
+    cdef Py_ssize_t xx, most = 1
+    for xx in range(taps.out_size):
+        most = max(most, taps.bounds[2 * xx + 1])
+    return 4 if most <= 4 else (most + HX_KPAD - 1) // HX_KPAD * HX_KPAD
+
+
+cdef void _shorten_taps(Taps taps) noexcept:
+    """The short weights from the fixed-point ones: each rounded to 14 fraction bits, and what
+    rounding took from the sum given to the largest, so a flat area stays flat."""
+    cdef Py_ssize_t xx, x, count, largest
+    cdef int32_t total, weight
+    cdef const int32_t* k
+    cdef int16_t* w
+    for xx in range(taps.out_size):
+        k = taps.weights + xx * taps.ksize
+        w = taps.short_weights + xx * taps.kpad
+        count = taps.bounds[2 * xx + 1]
+        total = 0
+        largest = 0
+        for x in range(taps.kpad):
+            weight = (k[x] + (1 << (RESAMPLE_BITS - HX_WBITS - 1))) >> (RESAMPLE_BITS - HX_WBITS) if x < count else 0
+            weight = max(-32768, min(32767, weight))  # for any real filter, far inside
+            w[x] = <int16_t>weight
+            total += weight
+            if x < count and k[x] > k[largest]:
+                largest = x
+        if count > 0:
+            w[largest] = <int16_t>max(-32768, min(32767, w[largest] + (1 << HX_WBITS) - total))
 
 
 cdef void _split_taps(Taps taps) noexcept:

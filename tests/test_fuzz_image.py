@@ -157,7 +157,36 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
     return bytes(out)
 
 
-SLOTS = (((6, 5, 3), np.uint8, "hwc"), ((3, 7, 8), np.float32, "chw"), ((8, 8, 4), np.float16, "hwc"))
+# The small slots reduce the 32x24 images enough for libjpeg to scale them in the DCT domain (the RGB
+# decode); the last takes the plane decode.
+SLOTS = (((6, 5, 3), np.uint8, "hwc"), ((3, 7, 8), np.float32, "chw"), ((8, 8, 4), np.float16, "hwc"),
+         ((20, 28, 3), np.uint8, "hwc"))
+#: How far the plane decode may be from Pillow's path (mean, most) in 8-bit levels, for JPEGs whose
+#: colours all lie in RGB's range; the slot's units are levels, or fractions of 255 over
+#: ImageNet's smallest deviation. The plane decode resizes the values the JPEG stores and clamps
+#: to RGB once, at the end, where decoding to RGB first clamps every pixel: mutants full of
+#: colours out of RGB's range differ far more (a mean of 4 levels, a pixel by 56), so for them
+#: only the outcome is compared.
+LEVELS = (1.0, 6)
+UNITS = {np.dtype(np.uint8): 1.0, np.dtype(np.float32): 1 / 255 / 0.224, np.dtype(np.float16): 1 / 255 + 1e-4}
+
+
+def _in_rgb_range(data: bytes) -> bool:
+    """Whether every pixel of the JPEG ``data``, as libjpeg decodes it to YCbCr, is an RGB colour
+    (within rounding) before clamping: where the plane decode must agree closely."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.mode != "RGB":
+            return True
+        image.draft("YCbCr", image.size)
+        ycc = np.asarray(image, np.float64)
+    except Exception:  # anything Pillow trips over; the outcomes are compared anyway
+        return False
+    luma, blue, red = ycc[..., 0], ycc[..., 1] - 128, ycc[..., 2] - 128
+    rgb = np.stack([luma + 1.402 * red, luma - 0.34414 * blue - 0.71414 * red, luma + 1.772 * blue])
+    return bool(((rgb > -1.5) & (rgb < 256.5)).all())
 
 
 def check(data: bytes, case: int) -> None:
@@ -183,7 +212,7 @@ def check(data: bytes, case: int) -> None:
 
 def _same_as_pillow_path(data: bytes, fast: np.ndarray, case: int) -> None:
     """A JPEG given as bytes may take the fast path; as a file object it takes Pillow's. Both must
-    give the same slot, or both raise."""
+    give the same slot (within rounding where the fast path decoded planes), or both raise."""
     from hydrax.image import Coefs, ImageError, ProfileError, decode_into
 
     shape, dtype, layout = SLOTS[case % len(SLOTS)]
@@ -202,7 +231,9 @@ def _same_as_pillow_path(data: bytes, fast: np.ndarray, case: int) -> None:
             f"the fast path gave {fast_outcome if isinstance(fast_outcome, str) else 'a slot'}, "
             f"Pillow's {pillow_outcome if isinstance(pillow_outcome, str) else 'a slot'}")
     else:
-        np.testing.assert_array_equal(fast_outcome, pillow_outcome)
+        diff = np.abs(fast_outcome.astype(np.float64) - pillow_outcome.astype(np.float64)) / UNITS[np.dtype(dtype)]
+        if _in_rgb_range(data):
+            assert diff.mean() <= LEVELS[0] and diff.max() <= LEVELS[1], f"the slots differ by {diff.mean()}, at most {diff.max()}"
 
 
 def run(seed: int, first: int, count: int) -> None:

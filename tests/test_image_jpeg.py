@@ -161,3 +161,117 @@ def test_read_header_never_raises_on_mutants():
             del data[rng.randrange(len(data)) :]
         found = header(bytes(data))
         assert found is None or (found.width >= 1 and found.height >= 1 and 1 <= found.orientation <= 8)
+
+
+# The plane decode: libjpeg-turbo's own Y, Cb and Cr, through the library Pillow brings.
+
+def _fancy_upsample(plane: np.ndarray, across: int, down: int, height: int, width: int) -> np.ndarray:
+    """libjpeg's "fancy" (triangle) upsampling of a chroma plane, in its integer arithmetic: 3/4 of
+    the nearer sample and 1/4 of the next, edges repeated; both axes summed before rounding."""
+    p = plane.astype(np.int32)
+    if down == 2:
+        above, below = np.vstack([p[:1], p[:-1]]), np.vstack([p[1:], p[-1:]])
+        p = np.stack([3 * p + above, 3 * p + below], axis=1).reshape(-1, p.shape[1])
+    scale = 16 if down == 2 else 4
+    if across == 2:
+        left, right = np.hstack([p[:, :1], p[:, :-1]]), np.hstack([p[:, 1:], p[:, -1:]])
+        bias = (8, 7) if down == 2 else (1, 2)
+        p = np.stack([(3 * p + left + bias[0]) // scale, (3 * p + right + bias[1]) // scale], axis=2).reshape(p.shape[0], -1)
+    elif down == 2:
+        p = np.stack([(p[0::2] + 1) // 4, (p[1::2] + 2) // 4], axis=1).reshape(-1, p.shape[1])  # h1v2
+    return p[:height, :width]
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2], ids=["4:4:4", "4:2:2", "4:2:0"])
+@pytest.mark.parametrize("size", [(48, 32), (33, 17), (501, 377), (7, 300)])
+def test_the_planes_are_what_libjpeg_upsamples_and_converts(subsampling, size):
+    if jpeg.library() is None:
+        pytest.skip("no libjpeg-turbo of libjpeg's ABI 6.2 beside Pillow")
+    data = photo(*size, subsampling=subsampling, progressive=size[0] == 33)
+    found = header(data)
+    assert jpeg.planar(found)
+    luma, blue, red = jpeg.decode_planes(memoryview(data), found)
+    (h, v), (ch, cv) = found.sampling[:2]
+    assert luma.shape == size[::-1] and blue.shape == red.shape == (-(-size[1] * cv // v), -(-size[0] * ch // h))
+    image = Image.open(io.BytesIO(data))
+    image.draft("YCbCr", image.size)  # libjpeg's YCbCr, chroma upsampled, no colour conversion
+    expected = np.asarray(image)
+    np.testing.assert_array_equal(luma, expected[:, :, 0])
+    for c, plane in ((1, blue), (2, red)):
+        if (h, v) == (ch, cv):
+            np.testing.assert_array_equal(plane, expected[:, :, c])
+        else:
+            np.testing.assert_array_equal(_fancy_upsample(plane, h // ch, v // cv, *size[::-1]), expected[:, :, c])
+
+
+def test_files_without_ycbcr_planes_are_refused_and_damage_is_reported():
+    if jpeg.library() is None:
+        pytest.skip("no libjpeg-turbo of libjpeg's ABI 6.2 beside Pillow")
+    gray, plain = photo(30, 20, mode="L"), photo(48, 32)
+    assert not jpeg.planar(header(gray)) and jpeg.decode_planes(memoryview(gray), header(gray)) is None
+    rgb = io.BytesIO()  # stored as R, G and B (Adobe's transform 0): libjpeg says so, the planes are refused
+    Image.open(io.BytesIO(plain)).save(rgb, "JPEG", keep_rgb=True, quality=90)
+    assert header(rgb.getvalue()).components == 3
+    assert jpeg.decode_planes(memoryview(rgb.getvalue()), header(rgb.getvalue())) is None
+    found = header(plain)
+    for damaged in (plain[: len(plain) // 2], plain[:-2], plain[:200] + bytes(50) + plain[250:]):
+        assert jpeg.decode_planes(memoryview(damaged), found) is None
+    wrong = jpeg.JpegHeader(found.width + 8, found.height, 3, 1, None, found.sampling)
+    assert jpeg.decode_planes(memoryview(plain), wrong) is None  # the file is not what the header said
+    first = jpeg.decode_planes(memoryview(plain), found)
+    assert np.shares_memory(first[0], jpeg.decode_planes(memoryview(plain), found)[0])
+
+
+def test_the_library_and_layout_refuse_what_they_cannot_use(tmp_path):
+    from hydrax import _core
+
+    with pytest.raises(OSError, match="cannot use"):
+        _core.JpegLibrary(str(tmp_path / "missing.so"))
+    not_jpeg = tmp_path / "libnotjpeg.so"
+    not_jpeg.write_bytes(b"\x7fELF not really")
+    with pytest.raises(OSError, match="cannot use"):
+        _core.JpegLibrary(str(not_jpeg))
+    for sampling in (((2, 2), (1, 1)), ((5, 1), (1, 1), (1, 1)), ((0, 1), (1, 1), (1, 1))):
+        with pytest.raises(ValueError, match="sampling"):
+            _core.jpeg_plane_layout(10, 10, sampling)
+    with pytest.raises(ValueError, match="65535"):
+        _core.jpeg_plane_layout(70000, 10, ((1, 1),) * 3)
+    planes, size = _core.jpeg_plane_layout(33, 17, ((2, 2), (1, 1), (1, 1)))
+    assert [p[3:] for p in planes] == [(17, 33), (9, 17), (9, 17)] and all(p[0] % 16 == 0 and p[2] % 16 == 0 for p in planes)
+    if jpeg.library() is not None:
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            jpeg.library().decode_planes(memoryview(photo()), 48, 32, ((2, 2), (1, 1), (1, 1)), np.zeros(64, np.uint8))
+
+
+def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
+    """The byte offsets _libjpeg.h uses, against a compiler's reading of jpeglib.h where both are
+    here (a 64-bit system with libjpeg's development files)."""
+    import re
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not Path("/usr/include/jpeglib.h").exists():
+        pytest.skip("needs a C compiler and jpeglib.h")
+    source = (Path(__file__).parents[1] / "hydrax" / "_libjpeg.h").read_text()
+    ours = {name: int(value) for name, value in re.findall(r"#define (HX_JPEG_[A-Z_]+) (\d+)", source)}
+    fields = {"HX_JPEG_ERR": "err", "HX_JPEG_IMAGE_WIDTH": "image_width", "HX_JPEG_IMAGE_HEIGHT": "image_height",
+              "HX_JPEG_NUM_COMPONENTS": "num_components", "HX_JPEG_COLOR_SPACE": "jpeg_color_space",
+              "HX_JPEG_RAW_DATA_OUT": "raw_data_out", "HX_JPEG_DCT_METHOD": "dct_method",
+              "HX_JPEG_OUTPUT_WIDTH": "output_width", "HX_JPEG_OUTPUT_HEIGHT": "output_height",
+              "HX_JPEG_OUTPUT_SCANLINE": "output_scanline"}
+    lines = [f'printf("{name} %zu\\n", offsetof(struct jpeg_decompress_struct, {field}));' for name, field in fields.items()]
+    lines += ['printf("HX_JPEG_STRUCT_SIZE %zu\\n", sizeof(struct jpeg_decompress_struct));',
+              'printf("HX_JPEG_ERROR_SIZE %zu\\n", sizeof(struct jpeg_error_mgr));',
+              'printf("HX_JPEG_ERROR_EXIT %zu\\n", offsetof(struct jpeg_error_mgr, error_exit));',
+              'printf("HX_JPEG_EMIT_MESSAGE %zu\\n", offsetof(struct jpeg_error_mgr, emit_message));',
+              'printf("HX_JPEG_ABI %d\\n", JPEG_LIB_VERSION);']
+    program = tmp_path / "offsets.c"
+    program.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <jpeglib.h>\nint main(void) {\n"
+                       + "\n".join(lines) + "\nreturn 0;\n}\n")
+    subprocess.run([compiler, str(program), "-o", str(tmp_path / "offsets")], check=True)
+    theirs = dict(line.split() for line in subprocess.run([str(tmp_path / "offsets")], capture_output=True, text=True,
+                                                          check=True).stdout.splitlines())
+    if theirs["HX_JPEG_ABI"] != "62":
+        pytest.skip(f"the installed jpeglib.h is libjpeg's ABI {theirs['HX_JPEG_ABI']}, not 6.2")
+    assert {name: int(value) for name, value in theirs.items()} == {name: ours[name] for name in theirs}

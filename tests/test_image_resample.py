@@ -143,3 +143,136 @@ def test_resample_into_refuses_mismatched_taps_and_outputs():
         _core.resample_into(pixels, np.zeros((8, 10, 3), np.float32), False, False, columns, rows, None)
     with pytest.raises(ValueError, match="colour must hold"):
         _core.resample_into(pixels, np.zeros((8, 10, 3), np.uint8), False, False, columns, rows, (1, 2))
+
+
+# The plane kernels: a JPEG's Y, Cb and Cr resized on their own grids, then made RGB.
+
+def dense(axis: _core.Taps) -> np.ndarray:
+    """The (out_size, in_size) matrix of an axis's weights, as fractions."""
+    bounds, weights = axis.arrays()
+    matrix = np.zeros((axis.out_size, axis.in_size))
+    for row, ((first, count), w) in enumerate(zip(bounds, weights)):
+        matrix[row, first:first + count] = w[:count] / (1 << 22)
+    return matrix
+
+
+def triangle(size: int, chroma: int) -> np.ndarray:
+    """(size, chroma): libjpeg's triangle upsampling of half-resolution chroma, as fractions."""
+    matrix = np.zeros((size, chroma))
+    for x in range(size):
+        near = x // 2
+        far = min(max(near - 1 if x % 2 == 0 else near + 1, 0), chroma - 1)
+        matrix[x, near] += 0.75
+        matrix[x, far] += 0.25
+    return matrix
+
+
+@pytest.mark.parametrize("kind", sorted(FILTERS))
+def test_folded_taps_weigh_chroma_as_upsampling_then_resizing_would(kind):
+    rng = np.random.default_rng(40 + kind)
+    for _ in range(80):
+        size, out = int(rng.integers(1, 400)), int(rng.integers(1, 300))
+        start, stop = sorted(rng.uniform(0, size, 2)) if rng.random() < 0.7 else (0.0, float(size))
+        if stop - start < 1e-3:
+            start, stop = 0.0, float(size)
+        chroma = (size + 1) // 2
+        folded, luma = taps(size, start, stop, out, kind, chroma), taps(size, start, stop, out, kind)
+        assert folded.in_size == chroma and folded.out_size == out
+        np.testing.assert_allclose(dense(folded), dense(luma) @ triangle(size, chroma), atol=4 / (1 << 22))
+    with pytest.raises(ValueError, match="chroma samples"):
+        _core.Taps(10, 0, 10, 4, 2, 6)
+
+
+def ycc_to_rgb(y, cb, cr):
+    return np.stack([y + 1.402 * (cr - 128), y - 0.34414 * (cb - 128) - 0.71414 * (cr - 128), y + 1.772 * (cb - 128)], axis=-1)
+
+
+def plane_case(rng, across, down, kind):
+    height, width = (int(v) for v in rng.integers(2, 120, 2))
+    out_h, out_w = (int(v) for v in rng.integers(1, 100, 2))
+    x0, x1 = sorted(rng.uniform(0, width, 2))
+    y0, y1 = sorted(rng.uniform(0, height, 2))
+    if rng.random() < 0.3 or x1 - x0 < 1e-2 or y1 - y0 < 1e-2:
+        x0, y0, x1, y1 = 0.0, 0.0, float(width), float(height)
+    luma = rng.integers(0, 256, (height, width), np.uint8)
+    chroma_shape = ((height + down - 1) // down, (width + across - 1) // across)
+    # smooth chroma, mostly inside RGB's range: where clamping does not decide, the result is the arithmetic's
+    blue, red = (np.clip(128 + rng.normal(0, 20, chroma_shape), 0, 255).astype(np.uint8) for _ in range(2))
+    columns, rows = taps(width, x0, x1, out_w, kind), taps(height, y0, y1, out_h, kind)
+    chroma_columns = taps(width, x0, x1, out_w, kind, chroma_shape[1]) if across == 2 else columns
+    chroma_rows = taps(height, y0, y1, out_h, kind, chroma_shape[0]) if down == 2 else rows
+    expected = ycc_to_rgb(dense(rows) @ luma @ dense(columns).T, dense(chroma_rows) @ blue @ dense(chroma_columns).T,
+                          dense(chroma_rows) @ red @ dense(chroma_columns).T)
+    return (luma, blue, red), (columns, rows, chroma_columns, chroma_rows), np.clip(expected, 0, 255)
+
+
+@pytest.mark.parametrize("kind", sorted(FILTERS))
+@pytest.mark.parametrize(("across", "down"), [(1, 1), (2, 1), (2, 2), (1, 2)])
+def test_resample_planes_into_is_the_exact_result_within_rounding(kind, across, down):
+    rng = np.random.default_rng(kind * 10 + across * 3 + down)
+    for _ in range(40):
+        planes, axes, expected = plane_case(rng, across, down, kind)
+        out = np.zeros(expected.shape, np.uint8)
+        _core.resample_planes_into(*planes, out, False, False, *axes, None)
+        assert np.abs(out - expected).max() <= 1.0, np.abs(out - expected).max()
+        # mirrored, and in CHW
+        flipped, chw = np.zeros_like(out), np.zeros(out.shape[2:] + out.shape[:2], np.uint8)
+        _core.resample_planes_into(*planes, flipped, False, True, *axes, None)
+        _core.resample_planes_into(*planes, chw, True, False, *axes, None)
+        np.testing.assert_array_equal(flipped, out[:, ::-1])
+        np.testing.assert_array_equal(chw, out.transpose(2, 0, 1))
+
+
+def test_resample_planes_into_converts_colour_as_resample_into_does():
+    rng = np.random.default_rng(77)
+    planes, axes, expected = plane_case(rng, 2, 2, 2)
+    rgb = np.zeros(expected.shape, np.uint8)
+    _core.resample_planes_into(*planes, rgb, False, False, *axes, None)
+    transform = transform_for(None, "RGB", "linear")
+    colour = (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve, transform.second,
+              np.full(4, 1.0, np.float32), np.zeros(4, np.float32))
+    fused, then = np.zeros(expected.shape, np.float32), np.zeros(expected.shape, np.float32)
+    _core.resample_planes_into(*planes, fused, False, False, *axes, colour)
+    _core.convert_pixels(rgb, then, False, *colour)
+    np.testing.assert_array_equal(fused, then)
+
+
+def test_resample_planes_into_refuses_mismatched_planes_and_taps():
+    luma, chroma = np.zeros((20, 30), np.uint8), np.zeros((10, 15), np.uint8)
+    columns, rows = taps(30, 0, 30, 10, 2), taps(20, 0, 20, 8, 2)
+    chroma_columns, chroma_rows = taps(30, 0, 30, 10, 2, 15), taps(20, 0, 20, 8, 2, 10)
+    out = np.zeros((8, 10, 3), np.uint8)
+    with pytest.raises(ValueError, match="luma rows"):
+        _core.resample_planes_into(luma, chroma, chroma, out, False, False, columns, columns, chroma_columns, chroma_rows, None)
+    with pytest.raises(ValueError, match="chroma columns"):
+        _core.resample_planes_into(luma, chroma, chroma, out, False, False, columns, rows, columns, chroma_rows, None)
+    with pytest.raises(ValueError, match="one shape"):
+        _core.resample_planes_into(luma, chroma, chroma[:9], out, False, False, columns, rows, chroma_columns, chroma_rows, None)
+    with pytest.raises(ValueError, match="contiguous"):
+        _core.resample_planes_into(luma[:, ::2], chroma, chroma, out, False, False, columns, rows, chroma_columns,
+                                   chroma_rows, None)
+    with pytest.raises(ValueError, match="uint8 RGB"):
+        _core.resample_planes_into(luma, chroma, chroma, np.zeros((8, 10, 4), np.uint8), False, False, columns, rows,
+                                   chroma_columns, chroma_rows, None)
+
+
+def test_every_level_of_the_plane_kernels_gives_the_same_bytes():
+    """Scalar loops, SSE2 and AVX2 (those this machine has), on widths around their strides."""
+    best = _core.planar_kernels()
+    rng = np.random.default_rng(8)
+    cases = [plane_case(rng, int(rng.choice([1, 2])), int(rng.choice([1, 2])), kind) for kind in (1, 2, 3) for _ in range(12)]
+    try:
+        results = []
+        for level in range(best + 1):
+            assert _core.planar_kernels(level) == level
+            outs = []
+            for planes, axes, expected in cases:
+                out = np.zeros(expected.shape, np.uint8)
+                _core.resample_planes_into(*planes, out, False, False, *axes, None)
+                outs.append(out)
+            results.append(outs)
+        for outs in results[1:]:
+            for ours, scalar in zip(outs, results[0]):
+                np.testing.assert_array_equal(ours, scalar)
+    finally:
+        assert _core.planar_kernels() == best

@@ -38,7 +38,7 @@ from PIL import Image, UnidentifiedImageError
 from .. import _core
 from ..errors import ImageError, ProfileError
 from . import jpeg
-from .resample import FILTERS, resize_into
+from .resample import FILTERS, resize_into, resize_planes_into
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
@@ -294,20 +294,30 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     transposed = header.orientation in _TRANSPOSED
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
     draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), transposed)
-    pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
-    if pixels is None:
-        return False
-    pixels = jpeg.upright(pixels, header.orientation)
     transform = transform_for(header.icc_profile, "L" if header.components == 1 else "RGB", space, bad_profile=bad_profile)
     if transform.lcms:
         return False
     channels = out.shape[0] if chw else out.shape[2]
     colour = None
-    if not (transform.identity and coefs is None and out.dtype == np.uint8 and pixels.shape[2] == channels):
+    if not (transform.identity and coefs is None and out.dtype == np.uint8 and header.components == channels):
         colour = _colour_tables(transform, out.dtype, channels, coefs)
     target = _kernel_target(out)
-    box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
-    resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
+    # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
+    planes = None
+    if draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
+        planes = jpeg.decode_planes(view, header)
+    if planes is not None:
+        (luma_h, luma_v), (chroma_h, chroma_v) = header.sampling[:2]
+        box = crop_box(header.width, header.height, out_h, out_w, size, crop, seed)
+        resize_planes_into(planes, (luma_h // chroma_h, luma_v // chroma_v), box, target, chw=chw, flip=flip, kind=kind,
+                           colour=colour)
+    else:
+        pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
+        if pixels is None:
+            return False
+        pixels = jpeg.upright(pixels, header.orientation)
+        box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
+        resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
     if target is not out:
         out[...] = target
     return True

@@ -6,18 +6,31 @@ path handles: 8-bit Huffman-coded JPEGs (baseline, extended or progressive) with
 components, their EXIF orientation and their ICC profile (APP2 chunks, joined as Pillow joins
 them). For anything else, and for anything it cannot read cleanly, it returns None and
 ``decode_into`` takes Pillow's path, so an unusual or damaged file behaves exactly as it did
-before this path existed. :func:`decode` runs libjpeg-turbo (through simplejpeg, whose wheels
-carry it) into a buffer each thread keeps, scaled in the DCT domain by the factor Pillow's
-``draft`` would choose, so both paths see the same pixels.
+before this path existed.
+
+Two decoders follow. :func:`decode_planes` has libjpeg-turbo decode a YCbCr file's Y, Cb and Cr
+planes as they are stored, without upsampling the chroma or converting colour (that work is done
+later, for the output's pixels only): the quickest way from a JPEG to a small slot. The library
+is the libjpeg-turbo that Pillow's wheels carry, opened at run time (:func:`library`), so
+nothing more is installed or built against. :func:`decode` gives RGB or gray pixels, through
+simplejpeg (whose wheels carry libjpeg-turbo too), scaled in the DCT domain by the factor
+Pillow's ``draft`` would choose, so both paths see the same pixels. Each decodes into a buffer
+its thread keeps.
 """
 
 from __future__ import annotations
 
+import glob
+import logging
+import os
 import struct
 import threading
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+from .. import _core
 
 try:
     import simplejpeg
@@ -33,6 +46,14 @@ _FRAMES = (0xC0, 0xC1, 0xC2)
 _OTHER_FRAMES = frozenset(range(0xC3, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _ORIENTATION_TAG = 0x0112
 _SHORT = 3
+#: Where Pillow's wheels keep the libraries they bring, relative to the PIL package: manylinux
+#: and musllinux wheels, macOS wheels.
+_PILLOW_LIBRARIES = ("../pillow.libs/libjpeg*.so*", ".dylibs/libjpeg*.dylib")
+#: Set to the path of a libjpeg-turbo (ABI 6.2) to use that one for planes, or to an empty string
+#: to decode every JPEG through :func:`decode` instead.
+LIBJPEG_ENV = "HYDRAX_LIBJPEG"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -40,7 +61,8 @@ class JpegHeader:
     """What the fast path needs from a JPEG's markers.
 
     ``width`` and ``height`` are as stored (before the EXIF ``orientation``, 1-8, is applied);
-    ``components`` is 1 (gray) or 3; ``icc_profile`` is the embedded profile or None.
+    ``components`` is 1 (gray) or 3; ``icc_profile`` is the embedded profile or None;
+    ``sampling`` is each component's (horizontal, vertical) sampling factor, 1-4.
     """
 
     width: int
@@ -48,6 +70,7 @@ class JpegHeader:
     components: int
     orientation: int
     icc_profile: bytes | None
+    sampling: tuple[tuple[int, int], ...] = ((1, 1),)
 
 
 def read_header(data: memoryview, max_pixels: int | None = None) -> JpegHeader | None:
@@ -88,23 +111,26 @@ def read_header(data: memoryview, max_pixels: int | None = None) -> JpegHeader |
             exif = segment[6:]
     if frame is None:
         return None
-    width, height, components = frame
+    width, height, sampling = frame
     if max_pixels and width * height > max_pixels:
         return None  # Pillow's path warns or refuses, as it always has
     orientation = 1 if exif is None else _orientation(exif)
     if orientation is None:
         return None
-    return JpegHeader(width, height, components, orientation, _join_profile(icc))
+    return JpegHeader(width, height, len(sampling), orientation, _join_profile(icc), sampling)
 
 
-def _frame(segment: memoryview) -> tuple[int, int, int] | None:
-    """(width, height, components) of an 8-bit frame of 1 or 3 components, else None."""
+def _frame(segment: memoryview) -> tuple[int, int, tuple[tuple[int, int], ...]] | None:
+    """(width, height, sampling factors) of an 8-bit frame of 1 or 3 components, else None."""
     if len(segment) < 6:
         return None
     precision, height, width, components = segment[0], (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4], segment[5]
     if precision != 8 or components not in (1, 3) or len(segment) < 6 + 3 * components or width < 1 or height < 1:
         return None
-    return width, height, components
+    sampling = tuple((segment[7 + 3 * c] >> 4, segment[7 + 3 * c] & 15) for c in range(components))
+    if not all(1 <= h <= 4 and 1 <= v <= 4 for h, v in sampling):
+        return None
+    return width, height, sampling
 
 
 def _note_segment(marker: int, segment: memoryview, icc: list[bytes], exif_seen: bool) -> bool:
@@ -199,6 +225,82 @@ def decode(data: memoryview, header: JpegHeader, factor: int = 1) -> np.ndarray 
     return pixels
 
 
+@lru_cache(maxsize=1)
+def library() -> _core.JpegLibrary | None:
+    """The libjpeg-turbo :func:`decode_planes` uses: ``$HYDRAX_LIBJPEG`` where that is set
+    (empty: none), else the copy Pillow's wheel brings; None where there is none that decodes a
+    test image correctly (a Pillow built against another libjpeg, another ABI, a 32-bit
+    platform). Found once per process."""
+    chosen = os.environ.get(LIBJPEG_ENV)
+    if chosen is not None:
+        candidates = [chosen] if chosen else []
+    else:
+        import PIL
+
+        base = os.path.dirname(PIL.__file__)
+        candidates = sorted(path for pattern in _PILLOW_LIBRARIES for path in glob.glob(os.path.join(base, pattern)))
+    for path in candidates:
+        try:
+            found = _core.JpegLibrary(path)
+        except OSError as exc:
+            log.debug("%s", exc)
+            continue
+        if _decodes_correctly(found):
+            return found
+        log.debug("%s does not decode planes as libjpeg-turbo 6.2 does; JPEGs are decoded to RGB", path)
+    return None
+
+
+def _decodes_correctly(found: _core.JpegLibrary) -> bool:
+    """Whether ``found`` decodes a small 4:2:0 JPEG's planes to what Pillow sees in them."""
+    import io
+
+    from PIL import Image
+
+    rows, columns = np.mgrid[0:24, 0:40]
+    image = Image.fromarray(np.stack([rows * 10, columns * 6, (rows + columns) * 4], axis=2).astype(np.uint8))
+    encoded = io.BytesIO()
+    image.save(encoded, "JPEG", quality=95, subsampling=2)
+    data = encoded.getvalue()
+    header = read_header(memoryview(data))
+    planes = None if header is None else _planes_of(found, memoryview(data), header)
+    if planes is None:
+        return False
+    expected = Image.open(io.BytesIO(data))
+    expected.draft("YCbCr", expected.size)  # libjpeg's own luma, untouched by colour conversion
+    return bool(np.array_equal(planes[0], np.asarray(expected)[:, :, 0]))
+
+
+def planar(header: JpegHeader) -> bool:
+    """Whether :func:`decode_planes` takes a file of this header: three components, luma sampled
+    most, both chroma planes alike, at half or full luma resolution on each axis."""
+    if header.components != 3:
+        return False
+    (h, v), chroma, other = header.sampling
+    return chroma == other and h in (1, 2) and v in (1, 2) and h % chroma[0] == 0 and v % chroma[1] == 0
+
+
+def decode_planes(data: memoryview, header: JpegHeader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The Y, Cb and Cr planes of the JPEG in ``data`` as stored (chroma at its own resolution,
+    ``header.sampling`` says which), uint8, in this thread's buffer, so valid until the next call.
+    None where the file is not :func:`planar`, there is no :func:`library`, or libjpeg-turbo
+    reports anything at all (the caller then takes another path, which words any error)."""
+    found = library()
+    if found is None or not planar(header):
+        return None
+    return _planes_of(found, data, header)
+
+
+def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader):
+    layout, size = _core.jpeg_plane_layout(header.width, header.height, header.sampling)
+    buffer = _buffer(size + 16)
+    aligned = buffer[-buffer.ctypes.data % 16:][:size]
+    if found.decode_planes(data, header.width, header.height, header.sampling, aligned) != 0:
+        return None
+    return tuple(aligned[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
+                 for offset, rows, stride, height, width in layout)
+
+
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """A view of stored ``pixels`` as EXIF ``orientation`` says they are seen (what Pillow's
     ``ImageOps.exif_transpose`` makes, without a copy)."""
@@ -211,4 +313,5 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     return pixels
 
 
-__all__ = ["JpegHeader", "decode", "draft_factor", "read_header", "upright"]
+__all__ = ["LIBJPEG_ENV", "JpegHeader", "decode", "decode_planes", "draft_factor", "library", "planar", "read_header",
+           "upright"]

@@ -23,11 +23,12 @@ TAPS_CACHE_SIZE = 256
 
 
 @lru_cache(maxsize=TAPS_CACHE_SIZE)
-def taps(in_size: int, start: float, stop: float, out_size: int, kind: int) -> _core.Taps:
+def taps(in_size: int, start: float, stop: float, out_size: int, kind: int, chroma: int = 0) -> _core.Taps:
     """The weights that take the span ``start``..``stop`` of an axis of ``in_size`` pixels to
     ``out_size`` pixels with Pillow's filter ``kind`` (cached; the span as float32, as Pillow
-    reads it)."""
-    return _core.Taps(in_size, start, stop, out_size, kind)
+    reads it). With ``chroma``, they read the ``chroma`` samples of a JPEG's chroma plane of half
+    the resolution instead, as libjpeg's upsampling would make them into ``in_size`` pixels."""
+    return _core.Taps(in_size, start, stop, out_size, kind, chroma)
 
 
 def resize_into(pixels: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, *, chw: bool, flip: bool,
@@ -43,4 +44,23 @@ def resize_into(pixels: np.ndarray, box: tuple[float, float, float, float], out:
     _core.resample_into(pixels, out, chw, flip, columns, rows, colour)
 
 
-__all__ = ["FILTERS", "resize_into", "taps"]
+def resize_planes_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], subsampling: tuple[int, int],
+                       box: tuple[float, float, float, float], out: np.ndarray, *, chw: bool, flip: bool, kind: int,
+                       colour: tuple | None) -> None:
+    """As :func:`resize_into`, from a JPEG's Y, Cb and Cr ``planes`` (uint8, rows contiguous),
+    chroma at 1/``subsampling`` (horizontal, vertical; 1 or 2) of luma's resolution, converted
+    to RGB after resizing. ``box`` is in luma pixels. Chroma is weighed as if libjpeg had
+    upsampled it first (see :func:`taps`), so the slot holds, up to rounding, what decoding to
+    RGB and resizing gives."""
+    out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
+    luma, blue, red = planes
+    left, top, right, bottom = (float(np.float32(v)) for v in box)
+    height, width = luma.shape
+    across, down = subsampling
+    columns, rows = taps(width, left, right, out_w, kind), taps(height, top, bottom, out_h, kind)
+    _core.resample_planes_into(luma, blue, red, out, chw, flip, columns, rows,
+                               taps(width, left, right, out_w, kind, blue.shape[1]) if across == 2 else columns,
+                               taps(height, top, bottom, out_h, kind, blue.shape[0]) if down == 2 else rows, colour)
+
+
+__all__ = ["FILTERS", "resize_into", "resize_planes_into", "taps"]

@@ -1,0 +1,170 @@
+/* libjpeg-turbo's decompressor, found at run time, decoding a JPEG's Y, Cb and Cr planes as they are
+ * stored (no chroma upsampling, no colour conversion: _planar.h does both at the output's size).
+ *
+ * No libjpeg headers are needed to build this: the library is the one Pillow's wheels bring (its
+ * ABI is libjpeg's version 6.2, which libjpeg-turbo keeps), opened with dlopen, and the decompressor
+ * object is a block of the size that ABI gives it on 64-bit platforms, of which this file touches a
+ * few fields by their byte offsets. A library of another ABI or struct size refuses the object in
+ * jpeg_CreateDecompress, through the error handler below, so a mismatch is a failed decode (the
+ * caller then takes another path), never a wrong one; tests/test_jpeglib.py checks the offsets
+ * against a jpeglib.h where one is installed.
+ *
+ * Errors: libjpeg reports a fatal error by calling error_exit, which must not return; ours jumps
+ * back to hx_jpeg_planes, which gives up on the image. Warnings (corrupt data it could step over,
+ * a premature end) come through emit_message with level -1 and are treated the same way, so only
+ * a clean decode produces planes.
+ */
+#ifndef HYDRAX_LIBJPEG_H
+#define HYDRAX_LIBJPEG_H
+
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stddef.h>
+#include <string.h>
+
+#define HX_JPEG_ABI 62           /* JPEG_LIB_VERSION of the ABI */
+#define HX_JPEG_STRUCT_SIZE 632  /* sizeof(struct jpeg_decompress_struct), LP64 */
+#define HX_JPEG_ERROR_SIZE 168   /* sizeof(struct jpeg_error_mgr), LP64 */
+/* Byte offsets in struct jpeg_decompress_struct (LP64) */
+#define HX_JPEG_ERR 0
+#define HX_JPEG_IMAGE_WIDTH 48
+#define HX_JPEG_IMAGE_HEIGHT 52
+#define HX_JPEG_NUM_COMPONENTS 56
+#define HX_JPEG_COLOR_SPACE 60
+#define HX_JPEG_RAW_DATA_OUT 92
+#define HX_JPEG_DCT_METHOD 96
+#define HX_JPEG_OUTPUT_WIDTH 136
+#define HX_JPEG_OUTPUT_HEIGHT 140
+#define HX_JPEG_OUTPUT_SCANLINE 168
+/* Byte offsets in struct jpeg_error_mgr */
+#define HX_JPEG_ERROR_EXIT 0
+#define HX_JPEG_EMIT_MESSAGE 8
+#define HX_JCS_YCBCR 3
+#define HX_JDCT_ISLOW 0
+#define HX_MAX_COMPONENTS 3
+/* Rows of a component in one iMCU row: 8 x its vertical sampling factor, at most 4 */
+#define HX_JPEG_MAX_LINES 32
+
+/* The library's entry points; boolean is int in libjpeg's ABI on every platform but Windows. */
+typedef struct {
+    void *(*std_error)(void *err);
+    void (*create)(void *cinfo, int version, size_t size);
+    void (*destroy)(void *cinfo);
+    void (*mem_src)(void *cinfo, const unsigned char *buffer, unsigned long size);
+    int (*read_header)(void *cinfo, int require_image);
+    int (*start)(void *cinfo);
+    unsigned int (*read_raw)(void *cinfo, unsigned char ***planes, unsigned int max_lines);
+    int (*finish)(void *cinfo);
+    void *handle;
+} hx_jpeg_api;
+
+/* The decompressor, its error manager and where to jump on an error, in one block. The
+ * decompressor comes first, so the pointer libjpeg hands the callbacks is the block's. */
+typedef struct {
+    union {
+        unsigned char bytes[HX_JPEG_STRUCT_SIZE];
+        double align;
+    } cinfo;
+    union {
+        unsigned char bytes[256]; /* more than HX_JPEG_ERROR_SIZE */
+        double align;
+    } err;
+    jmp_buf jump;
+} hx_jpeg_job;
+
+#define HX_JPEG_FIELD(job, type, offset) (*(type *)((job)->cinfo.bytes + (offset)))
+
+static void hx_jpeg_error_exit(void *cinfo)
+{
+    longjmp(((hx_jpeg_job *)cinfo)->jump, 1);
+}
+
+static void hx_jpeg_emit_message(void *cinfo, int level)
+{
+    if (level < 0) /* a warning: the data is damaged */
+        longjmp(((hx_jpeg_job *)cinfo)->jump, 1);
+}
+
+/* Opens the library at path and finds its entry points: 0, or 1 with api->handle NULL. */
+static int hx_jpeg_bind(const char *path, hx_jpeg_api *api)
+{
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    memset(api, 0, sizeof(*api));
+    if (handle == NULL)
+        return 1;
+#define HX_FIND(field, name)                                          \
+    do {                                                              \
+        *(void **)(&api->field) = dlsym(handle, name);                \
+        if (api->field == NULL) {                                     \
+            dlclose(handle);                                          \
+            memset(api, 0, sizeof(*api));                             \
+            return 1;                                                 \
+        }                                                             \
+    } while (0)
+    HX_FIND(std_error, "jpeg_std_error");
+    HX_FIND(create, "jpeg_CreateDecompress");
+    HX_FIND(destroy, "jpeg_destroy_decompress");
+    HX_FIND(mem_src, "jpeg_mem_src");
+    HX_FIND(read_header, "jpeg_read_header");
+    HX_FIND(start, "jpeg_start_decompress");
+    HX_FIND(read_raw, "jpeg_read_raw_data");
+    HX_FIND(finish, "jpeg_finish_decompress");
+#undef HX_FIND
+    api->handle = handle;
+    return 0;
+}
+
+/* Decodes the three planes of the YCbCr JPEG in data (size bytes), width x height, into rows:
+ * for component c, rows[c] is an array of imcu_rows * HX_JPEG_MAX_LINES row pointers, of which
+ * iMCU row m uses the HX_JPEG_MAX_LINES from m * HX_JPEG_MAX_LINES (the caller points each at a
+ * row of its plane, long enough for the component's width in whole blocks). max_lines is 8 x the
+ * largest vertical sampling factor. Returns 0, or 1 where libjpeg reported anything, or 2 where
+ * the file is not what the caller said (size, components, colour space). */
+static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsigned char *data, size_t size,
+                          unsigned int width, unsigned int height, unsigned char **rows[HX_MAX_COMPONENTS],
+                          ptrdiff_t imcu_rows, unsigned int max_lines)
+{
+    volatile int created = 0;
+    volatile int status = 2;
+    memset(job, 0, sizeof(*job));
+    HX_JPEG_FIELD(job, void *, HX_JPEG_ERR) = api->std_error(job->err.bytes);
+    *(void (**)(void *))(job->err.bytes + HX_JPEG_ERROR_EXIT) = hx_jpeg_error_exit;
+    *(void (**)(void *, int))(job->err.bytes + HX_JPEG_EMIT_MESSAGE) = hx_jpeg_emit_message;
+    if (setjmp(job->jump)) {
+        if (created)
+            api->destroy(job->cinfo.bytes);
+        return 1;
+    }
+    api->create(job->cinfo.bytes, HX_JPEG_ABI, HX_JPEG_STRUCT_SIZE);
+    created = 1;
+    api->mem_src(job->cinfo.bytes, data, (unsigned long)size);
+    api->read_header(job->cinfo.bytes, 1);
+    if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_IMAGE_WIDTH) == width &&
+        HX_JPEG_FIELD(job, unsigned int, HX_JPEG_IMAGE_HEIGHT) == height &&
+        HX_JPEG_FIELD(job, int, HX_JPEG_NUM_COMPONENTS) == HX_MAX_COMPONENTS &&
+        HX_JPEG_FIELD(job, int, HX_JPEG_COLOR_SPACE) == HX_JCS_YCBCR && max_lines <= HX_JPEG_MAX_LINES) {
+        HX_JPEG_FIELD(job, int, HX_JPEG_RAW_DATA_OUT) = 1;
+        HX_JPEG_FIELD(job, int, HX_JPEG_DCT_METHOD) = HX_JDCT_ISLOW;
+        api->start(job->cinfo.bytes);
+        if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_WIDTH) == width &&
+            HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_HEIGHT) == height) {
+            ptrdiff_t m;
+            for (m = 0; m < imcu_rows && HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) < height; m++) {
+                unsigned char **planes[HX_MAX_COMPONENTS];
+                int c;
+                for (c = 0; c < HX_MAX_COMPONENTS; c++)
+                    planes[c] = rows[c] + m * HX_JPEG_MAX_LINES;
+                if (api->read_raw(job->cinfo.bytes, planes, max_lines) == 0)
+                    break;
+            }
+            if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) >= height) {
+                api->finish(job->cinfo.bytes);
+                status = 0;
+            }
+        }
+    }
+    api->destroy(job->cinfo.bytes);
+    return status;
+}
+
+#endif

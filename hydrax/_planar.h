@@ -1,0 +1,369 @@
+/* Kernels for _planes.pxi: a JPEG's Y, Cb and Cr planes, each resampled on its own grid, then
+ * turned into RGB at the output's size. SSE2 where there is SSE2; elsewhere (or with
+ * -DHX_SCALAR_KERNELS) the scalar loops, which give the same integers.
+ *
+ * Fixed point throughout: weights have HX_WBITS fraction bits (int16, so one _mm_madd_epi16 does
+ * two taps), resampled values HX_VBITS (int16: 0..255 is 0..16320, with room for the overshoot of
+ * Lanczos and bicubic). A vertical pass takes plane bytes to values, a horizontal pass values to
+ * values, and hx_ycc_row rounds once, to the final byte, after the colour conversion (JFIF's
+ * YCbCr to RGB, the matrix libjpeg applies).
+ */
+#ifndef HYDRAX_PLANAR_H
+#define HYDRAX_PLANAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__SSE2__) || defined(_M_X64)) && !defined(HX_SCALAR_KERNELS) && !defined(HX_NO_SIMD)
+#include <emmintrin.h>
+#define HX_PLANAR_SSE2 1
+/* AVX2 versions too, compiled for AVX2 whatever the build's own target and chosen at run time
+ * (hx_planar_init), so a wheel for baseline x86-64 uses them on the machines that have it. */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(HX_NO_AVX2)
+#include <immintrin.h>
+#define HX_PLANAR_AVX2 1
+#define HX_TARGET_AVX2 __attribute__((target("avx2")))
+#endif
+#endif
+
+#define HX_WBITS 14 /* fraction bits of a weight */
+#define HX_VBITS 6  /* fraction bits of a resampled value */
+#define HX_KPAD 8   /* taps per output pixel of a horizontal pass: 4, or a multiple of this */
+/* JFIF's YCbCr to RGB in HX_WBITS fixed point: 1.402, 0.34414, 0.71414, 1.772 */
+#define HX_CR_R 22970
+#define HX_CB_G 5638
+#define HX_CR_G 11701
+#define HX_CB_B 29032
+#define HX_ONE (1 << HX_WBITS)
+#define HX_CHROMA_ZERO (128 << HX_VBITS)
+
+/* Which kernels run: 0 the scalar loops, 1 SSE2, 2 AVX2 (all give the same integers). */
+static int hx_planar_level = 0;
+/* Byte k of 48 packed RGB bytes is channel k % 3 of pixel k / 3: for each 16-byte third of them
+ * and each channel, the byte pshufb takes from that channel's 16 (-1, which gives 0, for the
+ * bytes of other channels). */
+static int8_t hx_rgb_masks[3][3][16];
+
+/* The best level this machine and build have; sets it unless asked for less (a test's choice). */
+static int hx_planar_init(int most)
+{
+    int best = 0, third, channel, k;
+    for (third = 0; third < 3; third++)
+        for (channel = 0; channel < 3; channel++)
+            for (k = 0; k < 16; k++)
+                hx_rgb_masks[third][channel][k] =
+                    (16 * third + k) % 3 == channel ? (int8_t)((16 * third + k) / 3) : (int8_t)-1;
+#ifdef HX_PLANAR_SSE2
+    best = 1;
+#endif
+#ifdef HX_PLANAR_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        best = 2;
+#endif
+    hx_planar_level = most >= 0 && most < best ? most : best;
+    return hx_planar_level;
+}
+
+static inline int16_t hx_sat16(int32_t v)
+{
+    return (int16_t)(v < -32768 ? -32768 : (v > 32767 ? 32767 : v));
+}
+
+static inline uint8_t hx_sat8(int32_t v)
+{
+    return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+}
+
+#ifdef HX_PLANAR_AVX2
+/* hx_plane_vertical's 32 values at a time; returns where it stopped. (AVX2 unpacks and packs
+ * within 128-bit lanes; the pack undoes the unpack, and the last permutes put lanes in order.) */
+HX_TARGET_AVX2 static ptrdiff_t hx_plane_vertical_avx2(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_t n,
+                                                       ptrdiff_t count, const int16_t *w, int16_t *dest)
+{
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i half = _mm256_set1_epi32(1 << (HX_WBITS - HX_VBITS - 1));
+    ptrdiff_t i = 0, j, next;
+    /* the last 32 values again where n is not a multiple of 32: the same sums, stored twice */
+    for (; i + 32 <= n; i = next) {
+        __m256i s0 = half, s1 = half, s2 = half, s3 = half, p01, p23;
+        next = i + 32 <= n - 32 || i + 32 == n ? i + 32 : n - 32;
+        for (j = 0; j < count; j += 2) {
+            const uint8_t *r0 = src + j * row_stride + i;
+            const int two = j + 1 < count;
+            const __m256i a = _mm256_loadu_si256((const __m256i *)r0);
+            const __m256i b = two ? _mm256_loadu_si256((const __m256i *)(r0 + row_stride)) : zero;
+            const __m256i pair = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)w[j] |
+                                                             ((uint32_t)(uint16_t)(two ? w[j + 1] : 0) << 16)));
+            const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), pair));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), pair));
+            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), pair));
+            s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), pair));
+        }
+        p01 = _mm256_packs_epi32(_mm256_srai_epi32(s0, HX_WBITS - HX_VBITS), _mm256_srai_epi32(s1, HX_WBITS - HX_VBITS));
+        p23 = _mm256_packs_epi32(_mm256_srai_epi32(s2, HX_WBITS - HX_VBITS), _mm256_srai_epi32(s3, HX_WBITS - HX_VBITS));
+        _mm256_storeu_si256((__m256i *)(dest + i), _mm256_permute2x128_si256(p01, p23, 0x20));
+        _mm256_storeu_si256((__m256i *)(dest + i + 16), _mm256_permute2x128_si256(p01, p23, 0x31));
+    }
+    return i;
+}
+
+/* hx_plane_horizontal's pixels eight at a time for kpad 4; returns where it stopped. */
+HX_TARGET_AVX2 static ptrdiff_t hx_plane_horizontal4_avx2(const int16_t *src, const int32_t *bounds, ptrdiff_t shift,
+                                                          const int16_t *w, ptrdiff_t out_size, int16_t *dest)
+{
+    const __m256i half = _mm256_set1_epi32(1 << (HX_WBITS - 1));
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    ptrdiff_t xx = 0, next;
+    /* the last 8 pixels again where out_size is not a multiple of 8 (the same values twice) */
+    for (; xx + 8 <= out_size; xx = next) {
+        __m128i q[4];
+        __m256i v0, v1, h;
+        int k;
+        for (k = 0; k < 4; k++)
+            q[k] = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(src + bounds[2 * (xx + 2 * k)] - shift)),
+                                      _mm_loadl_epi64((const __m128i *)(src + bounds[2 * (xx + 2 * k) + 2] - shift)));
+        v0 = _mm256_inserti128_si256(_mm256_castsi128_si256(q[0]), q[1], 1);
+        v1 = _mm256_inserti128_si256(_mm256_castsi128_si256(q[2]), q[3], 1);
+        /* pixel sums in lane order (0 1 4 5 | 2 3 6 7), then in pixel order */
+        h = _mm256_hadd_epi32(_mm256_madd_epi16(v0, _mm256_loadu_si256((const __m256i *)(w + xx * 4))),
+                              _mm256_madd_epi16(v1, _mm256_loadu_si256((const __m256i *)(w + xx * 4 + 16))));
+        next = xx + 8 <= out_size - 8 || xx + 8 == out_size ? xx + 8 : out_size - 8;
+        h = _mm256_srai_epi32(_mm256_add_epi32(_mm256_permutevar8x32_epi32(h, order), half), HX_WBITS);
+        _mm_storeu_si128((__m128i *)(dest + xx),
+                         _mm_packs_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+    }
+    return xx;
+}
+#endif
+
+/* One output row of the vertical pass: count rows of n bytes (row_stride apart, the first at src)
+ * weighed by w (count weights) into n values. */
+static void hx_plane_vertical(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_t n, ptrdiff_t count,
+                              const int16_t *w, int16_t *dest)
+{
+    const int32_t half = 1 << (HX_WBITS - HX_VBITS - 1);
+    ptrdiff_t i = 0, j;
+#ifdef HX_PLANAR_AVX2
+    if (hx_planar_level >= 2)
+        i = hx_plane_vertical_avx2(src, row_stride, n, count, w, dest);
+#endif
+#ifdef HX_PLANAR_SSE2
+    const __m128i zero = _mm_setzero_si128();
+    for (; hx_planar_level >= 1 && i + 16 <= n; i += 16) {
+        __m128i s0 = _mm_set1_epi32(half), s1 = s0, s2 = s0, s3 = s0;
+        for (j = 0; j < count; j += 2) {
+            const uint8_t *r0 = src + j * row_stride + i;
+            const int two = j + 1 < count;
+            const __m128i a = _mm_loadu_si128((const __m128i *)r0);
+            const __m128i b = two ? _mm_loadu_si128((const __m128i *)(r0 + row_stride)) : zero;
+            const __m128i pair = _mm_set1_epi32((int32_t)((uint32_t)(uint16_t)w[j] |
+                                                          ((uint32_t)(uint16_t)(two ? w[j + 1] : 0) << 16)));
+            const __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
+            s0 = _mm_add_epi32(s0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), pair));
+            s1 = _mm_add_epi32(s1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), pair));
+            s2 = _mm_add_epi32(s2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), pair));
+            s3 = _mm_add_epi32(s3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), pair));
+        }
+        s0 = _mm_packs_epi32(_mm_srai_epi32(s0, HX_WBITS - HX_VBITS), _mm_srai_epi32(s1, HX_WBITS - HX_VBITS));
+        s2 = _mm_packs_epi32(_mm_srai_epi32(s2, HX_WBITS - HX_VBITS), _mm_srai_epi32(s3, HX_WBITS - HX_VBITS));
+        _mm_storeu_si128((__m128i *)(dest + i), s0);
+        _mm_storeu_si128((__m128i *)(dest + i + 8), s2);
+    }
+#endif
+    for (; i < n; i++) {
+        int32_t s = half;
+        for (j = 0; j < count; j++)
+            s += (int32_t)src[j * row_stride + i] * w[j];
+        dest[i] = hx_sat16(s >> (HX_WBITS - HX_VBITS));
+    }
+}
+
+#ifdef HX_PLANAR_SSE2
+/* The four int32 sums of a, b, c and d, in that order. */
+static inline __m128i hx_sum4(__m128i a, __m128i b, __m128i c, __m128i d)
+{
+    const __m128i ab = _mm_add_epi32(_mm_unpacklo_epi32(a, b), _mm_unpackhi_epi32(a, b));
+    const __m128i cd = _mm_add_epi32(_mm_unpacklo_epi32(c, d), _mm_unpackhi_epi32(c, d));
+    return _mm_add_epi32(_mm_unpacklo_epi64(ab, cd), _mm_unpackhi_epi64(ab, cd));
+}
+
+static inline __m128i hx_taps8(const int16_t *p, const int16_t *w, ptrdiff_t kpad)
+{
+    __m128i s = _mm_madd_epi16(_mm_loadu_si128((const __m128i *)p), _mm_load_si128((const __m128i *)w));
+    ptrdiff_t k;
+    for (k = HX_KPAD; k < kpad; k += HX_KPAD)
+        s = _mm_add_epi32(s, _mm_madd_epi16(_mm_loadu_si128((const __m128i *)(p + k)),
+                                            _mm_load_si128((const __m128i *)(w + k))));
+    return s;
+}
+#endif
+
+/* The horizontal pass over one row of values: output pixel xx reads kpad (4 or a multiple of 8) values from
+ * src + bounds[2 * xx] - shift (so src must be readable that far: the caller pads the row) and
+ * weighs them by w + xx * kpad (zero past the pixel's taps; 16-byte aligned). */
+static void hx_plane_horizontal(const int16_t *src, const int32_t *bounds, ptrdiff_t shift, const int16_t *w,
+                                ptrdiff_t kpad, ptrdiff_t out_size, int16_t *dest)
+{
+    const int32_t half = 1 << (HX_WBITS - 1);
+    ptrdiff_t xx = 0, k;
+#ifdef HX_PLANAR_AVX2
+    if (hx_planar_level >= 2 && kpad == 4)
+        xx = hx_plane_horizontal4_avx2(src, bounds, shift, w, out_size, dest);
+#endif
+#ifdef HX_PLANAR_SSE2
+    if (hx_planar_level >= 1 && kpad == 4) { /* the common case (a reduction by less than 2x, or an enlargement): two pixels a madd */
+        for (; xx + 4 <= out_size; xx += 4) {
+            const int16_t *wx = w + xx * 4;
+            const __m128i ab = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(src + bounds[2 * xx] - shift)),
+                                                  _mm_loadl_epi64((const __m128i *)(src + bounds[2 * xx + 2] - shift)));
+            const __m128i cd = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(src + bounds[2 * xx + 4] - shift)),
+                                                  _mm_loadl_epi64((const __m128i *)(src + bounds[2 * xx + 6] - shift)));
+            const __m128 p0 = _mm_castsi128_ps(_mm_madd_epi16(ab, _mm_load_si128((const __m128i *)wx)));
+            const __m128 p1 = _mm_castsi128_ps(_mm_madd_epi16(cd, _mm_load_si128((const __m128i *)(wx + 8))));
+            __m128i s = _mm_add_epi32(_mm_castps_si128(_mm_shuffle_ps(p0, p1, _MM_SHUFFLE(2, 0, 2, 0))),
+                                      _mm_castps_si128(_mm_shuffle_ps(p0, p1, _MM_SHUFFLE(3, 1, 3, 1))));
+            s = _mm_srai_epi32(_mm_add_epi32(s, _mm_set1_epi32(half)), HX_WBITS);
+            _mm_storel_epi64((__m128i *)(dest + xx), _mm_packs_epi32(s, s));
+        }
+    }
+    for (; hx_planar_level >= 1 && kpad % HX_KPAD == 0 && xx + 4 <= out_size; xx += 4) {
+        const int16_t *wx = w + xx * kpad;
+        __m128i s = hx_sum4(hx_taps8(src + bounds[2 * xx] - shift, wx, kpad),
+                            hx_taps8(src + bounds[2 * xx + 2] - shift, wx + kpad, kpad),
+                            hx_taps8(src + bounds[2 * xx + 4] - shift, wx + 2 * kpad, kpad),
+                            hx_taps8(src + bounds[2 * xx + 6] - shift, wx + 3 * kpad, kpad));
+        s = _mm_srai_epi32(_mm_add_epi32(s, _mm_set1_epi32(half)), HX_WBITS);
+        _mm_storel_epi64((__m128i *)(dest + xx), _mm_packs_epi32(s, s));
+    }
+#endif
+    for (; xx < out_size; xx++) {
+        const int16_t *p = src + bounds[2 * xx] - shift;
+        int32_t s = half;
+        for (k = 0; k < kpad; k++)
+            s += (int32_t)p[k] * w[xx * kpad + k];
+        dest[xx] = hx_sat16(s >> HX_WBITS);
+    }
+}
+
+#ifdef HX_PLANAR_AVX2
+
+/* hx_ycc_row 16 pixels at a time; returns where it stopped. */
+HX_TARGET_AVX2 static ptrdiff_t hx_ycc_row_avx2(const int16_t *y, const int16_t *cb, const int16_t *cr, ptrdiff_t n,
+                                                uint8_t *rgb)
+{
+    const __m256i zero_chroma = _mm256_set1_epi16(HX_CHROMA_ZERO);
+    const __m256i rounding = _mm256_set1_epi32(1 << (HX_WBITS + HX_VBITS - 1));
+    const __m256i kr = _mm256_set1_epi32(HX_ONE | (HX_CR_R << 16));
+    const __m256i kb = _mm256_set1_epi32(HX_ONE | (HX_CB_B << 16));
+    const __m256i kg = _mm256_set1_epi32(HX_ONE | ((uint32_t)(uint16_t)(-HX_CB_G) << 16));
+    const __m256i kg2 = _mm256_set1_epi32((uint16_t)(-HX_CR_G));
+    const __m256i zero = _mm256_setzero_si256();
+    __m128i masks[3][3];
+    ptrdiff_t i = 0;
+    int t, c;
+    if (n < 16)
+        return 0;
+    for (t = 0; t < 3; t++)
+        for (c = 0; c < 3; c++)
+            masks[t][c] = _mm_loadu_si128((const __m128i *)hx_rgb_masks[t][c]);
+    ptrdiff_t next;
+    /* the last 16 pixels again where n is not a multiple of 16 (the same bytes twice) */
+    for (; i + 16 <= n; i = next) {
+        const __m256i vy = _mm256_loadu_si256((const __m256i *)(y + i));
+        const __m256i vb = _mm256_sub_epi16(_mm256_loadu_si256((const __m256i *)(cb + i)), zero_chroma);
+        const __m256i vr = _mm256_sub_epi16(_mm256_loadu_si256((const __m256i *)(cr + i)), zero_chroma);
+        __m256i r, g, b, rg;
+        __m128i channels[3];
+        /* unpack and pack both work within lanes, so the 16-bit results come out in pixel order */
+#define HX_FINISH8(lo, hi) \
+    _mm256_packs_epi32(_mm256_srai_epi32(_mm256_add_epi32(lo, rounding), HX_WBITS + HX_VBITS), \
+                       _mm256_srai_epi32(_mm256_add_epi32(hi, rounding), HX_WBITS + HX_VBITS))
+        r = HX_FINISH8(_mm256_madd_epi16(_mm256_unpacklo_epi16(vy, vr), kr),
+                       _mm256_madd_epi16(_mm256_unpackhi_epi16(vy, vr), kr));
+        g = HX_FINISH8(_mm256_add_epi32(_mm256_madd_epi16(_mm256_unpacklo_epi16(vy, vb), kg),
+                                        _mm256_madd_epi16(_mm256_unpacklo_epi16(vr, zero), kg2)),
+                       _mm256_add_epi32(_mm256_madd_epi16(_mm256_unpackhi_epi16(vy, vb), kg),
+                                        _mm256_madd_epi16(_mm256_unpackhi_epi16(vr, zero), kg2)));
+        b = HX_FINISH8(_mm256_madd_epi16(_mm256_unpacklo_epi16(vy, vb), kb),
+                       _mm256_madd_epi16(_mm256_unpackhi_epi16(vy, vb), kb));
+#undef HX_FINISH8
+        /* bytes: (r0-7 g0-7 | r8-15 g8-15), then the 64-bit quarters reordered to (r0-15 | g0-15) */
+        rg = _mm256_permute4x64_epi64(_mm256_packus_epi16(r, g), 0xD8);
+        b = _mm256_permute4x64_epi64(_mm256_packus_epi16(b, b), 0xD8);
+        channels[0] = _mm256_castsi256_si128(rg);
+        channels[1] = _mm256_extracti128_si256(rg, 1);
+        channels[2] = _mm256_castsi256_si128(b);
+        next = i + 16 <= n - 16 || i + 16 == n ? i + 16 : n - 16;
+        for (t = 0; t < 3; t++)
+            _mm_storeu_si128((__m128i *)(rgb + 3 * i + 16 * t),
+                             _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(channels[0], masks[t][0]),
+                                                       _mm_shuffle_epi8(channels[1], masks[t][1])),
+                                          _mm_shuffle_epi8(channels[2], masks[t][2])));
+    }
+    return i;
+}
+#endif
+
+/* n pixels of resampled Y, Cb and Cr values to packed 8-bit RGB; rgb has room for 3 * n + 1 bytes. */
+static void hx_ycc_row(const int16_t *y, const int16_t *cb, const int16_t *cr, ptrdiff_t n, uint8_t *rgb)
+{
+    const int32_t half = 1 << (HX_WBITS + HX_VBITS - 1);
+    ptrdiff_t i = 0;
+#ifdef HX_PLANAR_AVX2
+    if (hx_planar_level >= 2)
+        i = hx_ycc_row_avx2(y, cb, cr, n, rgb);
+#endif
+#ifdef HX_PLANAR_SSE2
+    const __m128i zero_chroma = _mm_set1_epi16(HX_CHROMA_ZERO);
+    const __m128i rounding = _mm_set1_epi32(half);
+    const __m128i kr = _mm_set1_epi32(HX_ONE | (HX_CR_R << 16));
+    const __m128i kb = _mm_set1_epi32(HX_ONE | (HX_CB_B << 16));
+    const __m128i kg = _mm_set1_epi32(HX_ONE | ((uint32_t)(uint16_t)(-HX_CB_G) << 16));
+    const __m128i kg2 = _mm_set1_epi32((uint16_t)(-HX_CR_G));
+    const __m128i zero = _mm_setzero_si128();
+    for (; hx_planar_level >= 1 && i + 8 <= n; i += 8) {
+        const __m128i vy = _mm_loadu_si128((const __m128i *)(y + i));
+        const __m128i vb = _mm_sub_epi16(_mm_loadu_si128((const __m128i *)(cb + i)), zero_chroma);
+        const __m128i vr = _mm_sub_epi16(_mm_loadu_si128((const __m128i *)(cr + i)), zero_chroma);
+        __m128i out[3], rg, bz, quad;
+        int k;
+#define HX_FINISH(lo, hi) \
+    _mm_packus_epi16(_mm_packs_epi32(_mm_srai_epi32(_mm_add_epi32(lo, rounding), HX_WBITS + HX_VBITS), \
+                                     _mm_srai_epi32(_mm_add_epi32(hi, rounding), HX_WBITS + HX_VBITS)), zero)
+        out[0] = HX_FINISH(_mm_madd_epi16(_mm_unpacklo_epi16(vy, vr), kr), _mm_madd_epi16(_mm_unpackhi_epi16(vy, vr), kr));
+        out[1] = HX_FINISH(_mm_add_epi32(_mm_madd_epi16(_mm_unpacklo_epi16(vy, vb), kg),
+                                         _mm_madd_epi16(_mm_unpacklo_epi16(vr, zero), kg2)),
+                           _mm_add_epi32(_mm_madd_epi16(_mm_unpackhi_epi16(vy, vb), kg),
+                                         _mm_madd_epi16(_mm_unpackhi_epi16(vr, zero), kg2)));
+        out[2] = HX_FINISH(_mm_madd_epi16(_mm_unpacklo_epi16(vy, vb), kb), _mm_madd_epi16(_mm_unpackhi_epi16(vy, vb), kb));
+#undef HX_FINISH
+        /* R G B 0 per pixel, stored 4 bytes at a time 3 apart: each store's 0 is overwritten by the
+         * next pixel's red (the row has a byte to spare after its last pixel) */
+        rg = _mm_unpacklo_epi8(out[0], out[1]);
+        bz = _mm_unpacklo_epi8(out[2], zero);
+        for (k = 0; k < 8; k++) {
+            int32_t pixel;
+            quad = k < 4 ? _mm_unpacklo_epi16(rg, bz) : _mm_unpackhi_epi16(rg, bz);
+            switch (k & 3) {
+            case 0: pixel = _mm_cvtsi128_si32(quad); break;
+            case 1: pixel = _mm_cvtsi128_si32(_mm_srli_si128(quad, 4)); break;
+            case 2: pixel = _mm_cvtsi128_si32(_mm_srli_si128(quad, 8)); break;
+            default: pixel = _mm_cvtsi128_si32(_mm_srli_si128(quad, 12)); break;
+            }
+            memcpy(rgb + 3 * (i + k), &pixel, 4);
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        const int32_t vy = (int32_t)y[i] * HX_ONE + half;
+        const int32_t vb = (int16_t)(cb[i] - HX_CHROMA_ZERO), vr = (int16_t)(cr[i] - HX_CHROMA_ZERO);
+        rgb[3 * i] = hx_sat8((vy + vr * HX_CR_R) >> (HX_WBITS + HX_VBITS));
+        rgb[3 * i + 1] = hx_sat8((vy - vb * HX_CB_G - vr * HX_CR_G) >> (HX_WBITS + HX_VBITS));
+        rgb[3 * i + 2] = hx_sat8((vy + vb * HX_CB_B) >> (HX_WBITS + HX_VBITS));
+    }
+}
+
+#endif

@@ -1,0 +1,198 @@
+# A JPEG's planes into a batch slot, included by _core.pyx: libjpeg-turbo decodes the Y, Cb and Cr
+# planes as stored (_libjpeg.h), and one call resamples each on its own grid and converts to RGB
+# at the output's size (_planar.h), then through _pixels.pxi's colour conversion into the slot.
+# Chroma is never upsampled to the photo's size and colour is converted for the output's pixels
+# only; the cost is mostly libjpeg's entropy decoding and inverse DCT.
+
+cdef extern from "_planar.h":
+    int hx_planar_init(int most) noexcept nogil
+    void hx_plane_vertical(const unsigned char* src, Py_ssize_t row_stride, Py_ssize_t n, Py_ssize_t count,
+                           const int16_t* w, int16_t* dest) noexcept nogil
+    void hx_plane_horizontal(const int16_t* src, const int32_t* bounds, Py_ssize_t shift, const int16_t* w,
+                             Py_ssize_t kpad, Py_ssize_t out_size, int16_t* dest) noexcept nogil
+    void hx_ycc_row(const int16_t* y, const int16_t* cb, const int16_t* cr, Py_ssize_t n,
+                    unsigned char* rgb) noexcept nogil
+
+cdef extern from "_libjpeg.h":
+    ctypedef struct hx_jpeg_api:
+        void* handle
+    ctypedef struct hx_jpeg_job:
+        pass
+    int HX_JPEG_MAX_LINES
+    int hx_jpeg_bind(const char* path, hx_jpeg_api* api) noexcept nogil
+    int hx_jpeg_planes(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
+                       unsigned int width, unsigned int height, unsigned char*** rows, Py_ssize_t imcu_rows,
+                       unsigned int max_lines) noexcept nogil
+
+cdef enum:
+    PLANE_ALIGN = 16     # each plane's rows start 16-byte aligned
+    JPEG_MAX_SIDE = 65535
+
+hx_planar_init(-1)
+
+
+def planar_kernels(int most=-1):
+    """The plane kernels that run, 0 (scalar loops), 1 (SSE2) or 2 (AVX2): the best this machine
+    has, or at most ``most`` from now on (every level gives the same results; tests compare
+    them). Returns the level chosen."""
+    return hx_planar_init(most)
+
+
+def jpeg_plane_layout(Py_ssize_t width, Py_ssize_t height, tuple sampling):
+    """Where :meth:`JpegLibrary.decode_planes` puts the planes of a ``width`` x ``height`` JPEG
+    whose components have the sampling factors ``sampling`` ((h, v) for Y, Cb, Cr; each 1-4):
+    ``(planes, size)``, ``planes`` holding for each component ``(offset, rows, stride, height,
+    width)`` (its rows padded to whole iMCU rows, its stride to whole blocks and 16 bytes more)
+    and ``size`` the bytes of the buffer they need."""
+    if not (0 < width <= JPEG_MAX_SIDE and 0 < height <= JPEG_MAX_SIDE):
+        raise ValueError(f"a JPEG is 1 to 65535 pixels a side, not {width}x{height}")
+    if len(sampling) != 3 or any(len(pair) != 2 or not all(1 <= f <= 4 for f in pair) for pair in sampling):
+        raise ValueError(f"sampling must be three (h, v) pairs of 1-4, got {sampling!r}")
+    cdef Py_ssize_t hmax = max(h for h, v in sampling), vmax = max(v for h, v in sampling)
+    # (rounding up with cdivision's truncating division: every number here is positive)
+    cdef Py_ssize_t imcu_rows = (height + 8 * vmax - 1) // (8 * vmax), offset = 0
+    cdef Py_ssize_t plane_w, plane_h, stride, rows
+    planes = []
+    for h, v in sampling:
+        plane_w, plane_h = (width * h + hmax - 1) // hmax, (height * v + vmax - 1) // vmax
+        # libjpeg writes whole blocks of the component's own width, all rows of each iMCU row
+        stride = ((plane_w + 7) // 8 * 8 + PLANE_ALIGN - 1) // PLANE_ALIGN * PLANE_ALIGN + PLANE_ALIGN
+        rows = imcu_rows * 8 * v
+        planes.append((offset, rows, stride, plane_h, plane_w))
+        offset += rows * stride
+    return tuple(planes), offset + PLANE_ALIGN
+
+
+cdef class JpegLibrary:
+    """libjpeg-turbo (libjpeg's ABI 6.2, 64-bit), opened from ``path`` (a shared library such as
+    the one Pillow's wheels carry) to decode the planes of YCbCr JPEGs. Raises OSError where the
+    library does not open or lacks a function this needs."""
+
+    cdef hx_jpeg_api api
+    cdef readonly str path
+
+    def __cinit__(self, path):
+        self.path = str(path)
+        encoded = self.path.encode()
+        if hx_jpeg_bind(encoded, &self.api) != 0:
+            raise OSError(f"cannot use {self.path!r} as libjpeg-turbo: it does not open, or lacks libjpeg's functions")
+
+    def decode_planes(self, const unsigned char[::1] data, Py_ssize_t width, Py_ssize_t height, tuple sampling,
+                      unsigned char[::1] buffer):
+        """Decode the JPEG ``data`` (``width`` x ``height``, YCbCr, components sampled as
+        ``sampling``) into ``buffer`` (at least :func:`jpeg_plane_layout`'s size, 16-byte
+        aligned) as that layout says. Returns 0, 1 where libjpeg reported an error or a warning
+        (the planes are then not usable), or 2 where the file is not what the arguments say."""
+        planes, size = jpeg_plane_layout(width, height, sampling)
+        if buffer.shape[0] < size or (<uintptr_t>&buffer[0]) % PLANE_ALIGN:
+            raise ValueError(f"the buffer must be 16-byte aligned and hold {size} bytes, not {buffer.shape[0]}")
+        if data.shape[0] == 0:
+            return 2
+        cdef Py_ssize_t vmax = max(v for h, v in sampling)
+        cdef Py_ssize_t imcu_rows = (height + 8 * vmax - 1) // (8 * vmax)
+        cdef Py_ssize_t count = imcu_rows * HX_JPEG_MAX_LINES, c, m, k, row, offset, rows, stride, lines
+        cdef unsigned char** pointers = <unsigned char**>malloc(3 * count * sizeof(unsigned char*))
+        cdef unsigned char** components[3]
+        cdef hx_jpeg_job* job = <hx_jpeg_job*>malloc(sizeof(hx_jpeg_job))
+        if pointers == NULL or job == NULL:
+            free(pointers)
+            free(job)
+            raise MemoryError()
+        for c in range(3):
+            offset, rows, stride = planes[c][0], planes[c][1], planes[c][2]
+            lines = 8 * sampling[c][1]
+            components[c] = pointers + c * count
+            # every pointer lands in the plane, even those libjpeg should never use
+            for m in range(imcu_rows):
+                for k in range(HX_JPEG_MAX_LINES):
+                    row = min(m * lines + k, rows - 1)
+                    components[c][m * HX_JPEG_MAX_LINES + k] = &buffer[offset + row * stride]
+        cdef int status
+        with nogil:
+            status = hx_jpeg_planes(&self.api, job, &data[0], data.shape[0], width, height, components, imcu_rows,
+                                    8 * vmax)
+        free(pointers)
+        free(job)
+        return status
+
+
+def resample_planes_into(const unsigned char[:, :] y, const unsigned char[:, :] cb, const unsigned char[:, :] cr,
+                         pixel_out_t[:, :, ::1] out, bint chw, bint flip, Taps luma_columns, Taps luma_rows,
+                         Taps chroma_columns, Taps chroma_rows, tuple colour):
+    """Resize YCbCr planes into ``out`` (as for :func:`resample_into`) as RGB: ``y`` through the
+    ``luma_`` taps, ``cb`` and ``cr`` (same shape) through the ``chroma_`` taps, all four making
+    the slot's size, each plane's rows contiguous. ``colour`` as for :func:`resample_into`."""
+    cdef Py_ssize_t out_channels = out.shape[0] if chw else out.shape[2]
+    cdef Py_ssize_t out_height = out.shape[1] if chw else out.shape[0]
+    cdef Py_ssize_t out_width = out.shape[2] if chw else out.shape[1]
+    if y.strides[1] != 1 or cb.strides[1] != 1 or cr.strides[1] != 1 or cb.shape[0] != cr.shape[0] or cb.shape[1] != cr.shape[1]:
+        raise ValueError("the planes' rows must be contiguous, and the chroma planes of one shape")
+    for name, taps, size, made in (("luma columns", luma_columns, y.shape[1], out_width),
+                                   ("luma rows", luma_rows, y.shape[0], out_height),
+                                   ("chroma columns", chroma_columns, cb.shape[1], out_width),
+                                   ("chroma rows", chroma_rows, cb.shape[0], out_height)):
+        if taps.in_size != size or taps.out_size != made:
+            raise ValueError(f"the {name}' taps take {taps.in_size} pixels to {taps.out_size}, not {size} to {made}")
+    cdef ColourPlan plan
+    if colour is None:
+        if pixel_out_t is not uint8_t or out_channels != 3:
+            raise ValueError("without a colour conversion the output must be uint8 RGB")
+    else:
+        if len(colour) != 8:
+            raise ValueError("colour must hold lin, matrix, encode, curve, byte_curve, second, scale, offset")
+        _plan_colour(&plan, 3, out_channels, pixel_out_t is uint8_t, colour[0], colour[1], colour[2], colour[3],
+                     colour[4], colour[5], colour[6], colour[7])
+    cdef Py_ssize_t luma_span = luma_columns.last - luma_columns.first + luma_columns.kpad
+    cdef Py_ssize_t chroma_span = chroma_columns.last - chroma_columns.first + chroma_columns.kpad
+    # three rows of vertically filtered values, three of finished values, the RGB row
+    cdef int16_t* values = <int16_t*>calloc(luma_span + 2 * chroma_span + 3 * out_width, sizeof(int16_t))
+    cdef unsigned char* line = <unsigned char*>malloc(3 * out_width + 1)  # hx_ycc_row's spare byte
+    cdef Py_ssize_t row_floats = 4 * max(out_width, 256)
+    cdef float* scratch = <float*>malloc((row_floats + 4 * 256) * sizeof(float))
+    if values == NULL or line == NULL or scratch == NULL:
+        _release(values, line, scratch, NULL)
+        raise MemoryError()
+    cdef const unsigned char* sources[3]
+    cdef Py_ssize_t strides[3]
+    sources[0], sources[1], sources[2] = &y[0, 0], &cb[0, 0], &cr[0, 0]
+    strides[0], strides[1], strides[2] = y.strides[0], cb.strides[0], cr.strides[0]
+    with nogil:
+        if colour is not None and out_height * out_width > PIXELS_TABLE_MIN:
+            _tabulate(&plan, <pixel_out_t*>(scratch + row_floats), scratch)
+        _planes_rows(sources, strides, luma_columns, luma_rows, chroma_columns, chroma_rows, values, luma_span,
+                     chroma_span, line, scratch, &out[0, 0, 0], chw, flip, NULL if colour is None else &plan)
+    _release(values, line, scratch, NULL)
+
+
+cdef void _plane_row(const unsigned char* src, Py_ssize_t stride, Taps columns, Taps rows, Py_ssize_t yy,
+                     int16_t* filtered, int16_t* dest) noexcept nogil:
+    """Output row ``yy`` of one plane: its rows filtered over the columns the horizontal pass
+    reads into ``filtered``, then that pass into ``dest``."""
+    cdef Py_ssize_t ymin = rows.bounds[2 * yy]
+    hx_plane_vertical(src + ymin * stride + columns.first, stride, columns.last - columns.first,
+                      rows.bounds[2 * yy + 1], rows.short_weights + yy * rows.kpad, filtered)
+    hx_plane_horizontal(filtered, columns.bounds, columns.first, columns.short_weights, columns.kpad,
+                        columns.out_size, dest)
+
+
+cdef void _planes_rows(const unsigned char** sources, const Py_ssize_t* strides, Taps luma_columns, Taps luma_rows,
+                       Taps chroma_columns, Taps chroma_rows, int16_t* values, Py_ssize_t luma_span,
+                       Py_ssize_t chroma_span, unsigned char* line, float* scratch, pixel_out_t* out, bint chw,
+                       bint flip, const ColourPlan* plan) noexcept nogil:
+    cdef Py_ssize_t out_width = luma_columns.out_size, out_height = luma_rows.out_size, yy
+    cdef Py_ssize_t plane = out_width * out_height
+    cdef Py_ssize_t out_channels = plan.out_channels if plan != NULL else 3
+    cdef int16_t* filtered_cb = values + luma_span
+    cdef int16_t* filtered_cr = filtered_cb + chroma_span
+    cdef int16_t* finished = filtered_cr + chroma_span
+    for yy in range(out_height):
+        _plane_row(sources[0], strides[0], luma_columns, luma_rows, yy, values, finished)
+        _plane_row(sources[1], strides[1], chroma_columns, chroma_rows, yy, filtered_cb, finished + out_width)
+        _plane_row(sources[2], strides[2], chroma_columns, chroma_rows, yy, filtered_cr, finished + 2 * out_width)
+        hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line)
+        if plan == NULL:
+            if pixel_out_t is uint8_t:  # resample_planes_into allows no other
+                _copy_row(line, out + (yy * out_width if chw else yy * out_width * 3), out_width, 3, plane, chw, flip)
+        else:
+            _convert_row(plan, line, out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane,
+                         chw, flip, scratch)
