@@ -252,7 +252,7 @@ static void hx_plane_horizontal(const int16_t *src, const int32_t *bounds, ptrdi
 
 /* hx_ycc_row 16 pixels at a time; returns where it stopped. */
 HX_TARGET_AVX2 static ptrdiff_t hx_ycc_row_avx2(const int16_t *y, const int16_t *cb, const int16_t *cr, ptrdiff_t n,
-                                                uint8_t *rgb)
+                                                uint8_t *rgb, ptrdiff_t plane)
 {
     const __m256i zero_chroma = _mm256_set1_epi16(HX_CHROMA_ZERO);
     const __m256i rounding = _mm256_set1_epi32(1 << (HX_WBITS + HX_VBITS - 1));
@@ -297,6 +297,11 @@ HX_TARGET_AVX2 static ptrdiff_t hx_ycc_row_avx2(const int16_t *y, const int16_t 
         channels[1] = _mm256_extracti128_si256(rg, 1);
         channels[2] = _mm256_castsi256_si128(b);
         next = i + 16 <= n - 16 || i + 16 == n ? i + 16 : n - 16;
+        if (plane) {
+            for (t = 0; t < 3; t++)
+                _mm_storeu_si128((__m128i *)(rgb + t * plane + i), channels[t]);
+            continue;
+        }
         for (t = 0; t < 3; t++)
             _mm_storeu_si128((__m128i *)(rgb + 3 * i + 16 * t),
                              _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(channels[0], masks[t][0]),
@@ -307,14 +312,17 @@ HX_TARGET_AVX2 static ptrdiff_t hx_ycc_row_avx2(const int16_t *y, const int16_t 
 }
 #endif
 
-/* n pixels of resampled Y, Cb and Cr values to packed 8-bit RGB; rgb has room for 3 * n + 1 bytes. */
-static void hx_ycc_row(const int16_t *y, const int16_t *cb, const int16_t *cr, ptrdiff_t n, uint8_t *rgb)
+/* n pixels of resampled Y, Cb and Cr values to 8-bit RGB: packed (plane 0; rgb has room for
+ * 3 * n + 1 bytes), or as three rows plane bytes apart (plane >= n). */
+static void hx_ycc_row(const int16_t *y, const int16_t *cb, const int16_t *cr, ptrdiff_t n, uint8_t *rgb,
+                       ptrdiff_t plane)
 {
     const int32_t half = 1 << (HX_WBITS + HX_VBITS - 1);
+    const ptrdiff_t step = plane ? 1 : 3, second = plane ? plane : 1;
     ptrdiff_t i = 0;
 #ifdef HX_PLANAR_AVX2
     if (hx_planar_level >= 2)
-        i = hx_ycc_row_avx2(y, cb, cr, n, rgb);
+        i = hx_ycc_row_avx2(y, cb, cr, n, rgb, plane);
 #endif
 #ifdef HX_PLANAR_SSE2
     const __m128i zero_chroma = _mm_set1_epi16(HX_CHROMA_ZERO);
@@ -340,6 +348,11 @@ static void hx_ycc_row(const int16_t *y, const int16_t *cb, const int16_t *cr, p
                                          _mm_madd_epi16(_mm_unpackhi_epi16(vr, zero), kg2)));
         out[2] = HX_FINISH(_mm_madd_epi16(_mm_unpacklo_epi16(vy, vb), kb), _mm_madd_epi16(_mm_unpackhi_epi16(vy, vb), kb));
 #undef HX_FINISH
+        if (plane) {
+            for (k = 0; k < 3; k++)
+                _mm_storel_epi64((__m128i *)(rgb + k * plane + i), out[k]);
+            continue;
+        }
         /* R G B 0 per pixel, stored 4 bytes at a time 3 apart: each store's 0 is overwritten by the
          * next pixel's red (the row has a byte to spare after its last pixel) */
         rg = _mm_unpacklo_epi8(out[0], out[1]);
@@ -360,9 +373,9 @@ static void hx_ycc_row(const int16_t *y, const int16_t *cb, const int16_t *cr, p
     for (; i < n; i++) {
         const int32_t vy = (int32_t)y[i] * HX_ONE + half;
         const int32_t vb = (int16_t)(cb[i] - HX_CHROMA_ZERO), vr = (int16_t)(cr[i] - HX_CHROMA_ZERO);
-        rgb[3 * i] = hx_sat8((vy + vr * HX_CR_R) >> (HX_WBITS + HX_VBITS));
-        rgb[3 * i + 1] = hx_sat8((vy - vb * HX_CB_G - vr * HX_CR_G) >> (HX_WBITS + HX_VBITS));
-        rgb[3 * i + 2] = hx_sat8((vy + vb * HX_CB_B) >> (HX_WBITS + HX_VBITS));
+        rgb[step * i] = hx_sat8((vy + vr * HX_CR_R) >> (HX_WBITS + HX_VBITS));
+        rgb[step * i + second] = hx_sat8((vy - vb * HX_CB_G - vr * HX_CR_G) >> (HX_WBITS + HX_VBITS));
+        rgb[step * i + 2 * second] = hx_sat8((vy + vb * HX_CB_B) >> (HX_WBITS + HX_VBITS));
     }
 }
 

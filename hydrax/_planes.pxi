@@ -11,7 +11,7 @@ cdef extern from "_planar.h":
     void hx_plane_horizontal(const int16_t* src, const int32_t* bounds, Py_ssize_t shift, const int16_t* w,
                              Py_ssize_t kpad, Py_ssize_t out_size, int16_t* dest) noexcept nogil
     void hx_ycc_row(const int16_t* y, const int16_t* cb, const int16_t* cr, Py_ssize_t n,
-                    unsigned char* rgb) noexcept nogil
+                    unsigned char* rgb, Py_ssize_t plane) noexcept nogil
 
 cdef extern from "_libjpeg.h":
     ctypedef struct hx_jpeg_api:
@@ -189,10 +189,34 @@ cdef void _planes_rows(const unsigned char** sources, const Py_ssize_t* strides,
         _plane_row(sources[0], strides[0], luma_columns, luma_rows, yy, values, finished)
         _plane_row(sources[1], strides[1], chroma_columns, chroma_rows, yy, filtered_cb, finished + out_width)
         _plane_row(sources[2], strides[2], chroma_columns, chroma_rows, yy, filtered_cr, finished + 2 * out_width)
-        hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line)
+        if plan != NULL and plan.lut != NULL:  # a table per channel: look each up in its own row
+            hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, out_width)
+            _lookup_planes(plan, line, <const pixel_out_t*>plan.lut,
+                           out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane, chw, flip)
+            continue
+        hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, 0)
         if plan == NULL:
             if pixel_out_t is uint8_t:  # resample_planes_into allows no other
                 _copy_row(line, out + (yy * out_width if chw else yy * out_width * 3), out_width, 3, plane, chw, flip)
         else:
             _convert_row(plan, line, out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane,
                          chw, flip, scratch)
+
+
+cdef void _lookup_planes(const ColourPlan* p, const unsigned char* rgb, const pixel_out_t* table, pixel_out_t* o,
+                         Py_ssize_t width, Py_ssize_t plane, bint chw, bint flip) noexcept nogil:
+    """What ``_lookup_row`` does, from R, G and B in rows of their own (``width`` bytes apart)."""
+    cdef Py_ssize_t out_channels = p.out_channels, x, c
+    cdef Py_ssize_t step = 1 if chw else out_channels
+    cdef const pixel_out_t* column
+    cdef const unsigned char* codes
+    cdef pixel_out_t* dest
+    if flip:
+        o += (width - 1) * step
+        step = -step
+    for c in range(out_channels):
+        dest = o + (c * plane if chw else c)
+        column = table + c
+        codes = rgb + (c if c < 3 else 0) * width  # alpha: 255 whatever the code, so any row
+        for x in range(width):
+            dest[x * step] = column[codes[x] * out_channels]

@@ -3,6 +3,8 @@ colour conversion fused in."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -223,18 +225,33 @@ def test_resample_planes_into_is_the_exact_result_within_rounding(kind, across, 
         np.testing.assert_array_equal(chw, out.transpose(2, 0, 1))
 
 
-def test_resample_planes_into_converts_colour_as_resample_into_does():
+@pytest.mark.parametrize(("space", "profile"), [("linear", None), ("srgb", None), ("srgb", "AdobeRGB1998.icc"),
+                                                ("oklab", None)])
+def test_resample_planes_into_converts_colour_as_convert_pixels_does(space, profile):
+    """Through a table per channel (linear, sRGB with coefs), the matrix (Adobe RGB) or Oklab; in
+    each layout, mirrored or not, with or without alpha."""
+    from pathlib import Path
+
     rng = np.random.default_rng(77)
     planes, axes, expected = plane_case(rng, 2, 2, 2)
     rgb = np.zeros(expected.shape, np.uint8)
     _core.resample_planes_into(*planes, rgb, False, False, *axes, None)
-    transform = transform_for(None, "RGB", "linear")
-    colour = (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve, transform.second,
-              np.full(4, 1.0, np.float32), np.zeros(4, np.float32))
-    fused, then = np.zeros(expected.shape, np.float32), np.zeros(expected.shape, np.float32)
-    _core.resample_planes_into(*planes, fused, False, False, *axes, colour)
-    _core.convert_pixels(rgb, then, False, *colour)
-    np.testing.assert_array_equal(fused, then)
+    icc = (Path(__file__).parent / "data" / "icc" / profile).read_bytes() if profile else None
+    transform = transform_for(icc, "RGB", space)
+    for dtype, channels, chw, flip in itertools.product((np.uint8, np.float32), (3, 4), (False, True), (False, True)):
+        if space == "oklab" and dtype == np.uint8:
+            continue
+        scale = np.full(4, 255.0 if dtype == np.uint8 else 1.0, np.float32)
+        offset = np.zeros(4, np.float32)
+        if space == "srgb" and dtype == np.float32:
+            scale, offset = np.array([2.0, 3.0, 4.0, 1.0], np.float32), np.array([-1.0, -0.5, 0.25, 0.0], np.float32)
+        colour = (transform.lin, transform.matrix, transform.encode, transform.curve, transform.byte_curve,
+                  transform.second, scale, offset)
+        shape = (channels,) + expected.shape[:2] if chw else expected.shape[:2] + (channels,)
+        fused, then = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        _core.resample_planes_into(*planes, fused, chw, flip, *axes, colour)
+        _core.convert_pixels(np.ascontiguousarray(rgb[:, ::-1] if flip else rgb), then, chw, *colour)
+        np.testing.assert_array_equal(fused, then, err_msg=f"{dtype} {channels} chw={chw} flip={flip}")
 
 
 def test_resample_planes_into_refuses_mismatched_planes_and_taps():
