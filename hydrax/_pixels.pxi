@@ -82,6 +82,8 @@ cdef struct ColourPlan:
     Py_ssize_t intervals
     const unsigned char* codes  # NULL unless 8-bit sRGB output goes straight through byte_curve
     float code_steps
+    # Whether codes can be read 3 bytes past its end (a copy the plane kernel makes for its gathers).
+    bint codes_padded
     Py_ssize_t channels
     Py_ssize_t out_channels
     # Where the matrix is the identity (and the encoding not Oklab) each output channel depends on
@@ -128,6 +130,7 @@ cdef int _plan_colour(ColourPlan* plan, Py_ssize_t channels, Py_ssize_t out_chan
     plan.lut = NULL
     # 8-bit sRGB output with no affine map: clipped linear light indexes a table of final codes.
     plan.codes = NULL
+    plan.codes_padded = False
     plan.code_steps = byte_curve.shape[0] - 1
     if (byte_output and encode == PIXELS_ENCODE_SRGB and byte_curve.shape[0] > 1
             and plan.sc[0] == 255.0 and plan.sc[1] == 255.0 and plan.sc[2] == 255.0

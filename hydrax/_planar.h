@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_simd.h" /* hx_code_index: the scalar arithmetic hx_codes_planes shares with _pixels.pxi */
+
 #if (defined(__SSE2__) || defined(_M_X64)) && !defined(HX_SCALAR_KERNELS) && !defined(HX_NO_SIMD)
 #include <emmintrin.h>
 #define HX_PLANAR_SSE2 1
@@ -311,6 +313,132 @@ HX_TARGET_AVX2 static ptrdiff_t hx_ycc_row_avx2(const int16_t *y, const int16_t 
     return i;
 }
 #endif
+
+#ifdef HX_PLANAR_AVX2
+/* hx_code_index of 8 values at once: clipped to [0, 1] (NaN to 0), scaled, rounded half up. */
+HX_TARGET_AVX2 static inline __m256i hx_code_index8(__m256 v, __m256 steps)
+{
+    __m256i nearest;
+    v = _mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(1.0f)), steps);
+    nearest = _mm256_cvtps_epi32(v); /* to even on a tie; a tie then goes up */
+    return _mm256_sub_epi32(nearest, _mm256_castps_si256(_mm256_cmp_ps(_mm256_sub_ps(v, _mm256_cvtepi32_ps(nearest)),
+                                                                       _mm256_set1_ps(0.5f), _CMP_EQ_OQ)));
+}
+
+/* hx_rgb_to_codes (_simd.h) from R, G and B in rows of their own, eight pixels at a time; returns
+ * where it stopped. The same arithmetic in the same order, so the same codes. */
+HX_TARGET_AVX2 static ptrdiff_t hx_codes_planes_avx2(const uint8_t *r, const uint8_t *g, const uint8_t *b, ptrdiff_t n,
+                                                     const float *lin0, const float *lin1, const float *lin2,
+                                                     const float *m, float steps, const uint8_t *codes, int padded,
+                                                     uint8_t *d0, uint8_t *d1, uint8_t *d2, ptrdiff_t step)
+{
+    const __m256 m0 = _mm256_set1_ps(m[0]), m1 = _mm256_set1_ps(m[1]), m2 = _mm256_set1_ps(m[2]);
+    const __m256 m3 = _mm256_set1_ps(m[3]), m4 = _mm256_set1_ps(m[4]), m5 = _mm256_set1_ps(m[5]);
+    const __m256 m6 = _mm256_set1_ps(m[6]), m7 = _mm256_set1_ps(m[7]), m8 = _mm256_set1_ps(m[8]);
+    const __m256 scale = _mm256_set1_ps(steps);
+    const __m256i low = _mm256_set1_epi32(0xFF);
+    /* per lane: R R R R G G G G B B B B 0 0 0 0 (four pixels) to R G B R G B ... */
+    const __m256i packed = _mm256_setr_epi8(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, -1, -1, -1, -1,
+                                            0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, -1, -1, -1, -1);
+    const __m256i planes = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int32_t index[24];
+    ptrdiff_t x = 0;
+    int k;
+    if (padded) { /* the codes gathered too, four bytes at each index (the table is padded), and stored whole */
+        for (; x + 8 <= n && (step == 1 || (step == 3 && x + 10 <= n)); x += 8) {
+            const __m256 vr = _mm256_i32gather_ps(lin0, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + x))), 4);
+            const __m256 vg = _mm256_i32gather_ps(lin1, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + x))), 4);
+            const __m256 vb = _mm256_i32gather_ps(lin2, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + x))), 4);
+            const __m256i cr = _mm256_and_si256(low, _mm256_i32gather_epi32((const int *)codes, hx_code_index8(
+                _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m0, vr), _mm256_mul_ps(m1, vg)), _mm256_mul_ps(m2, vb)), scale), 1));
+            const __m256i cg = _mm256_and_si256(low, _mm256_i32gather_epi32((const int *)codes, hx_code_index8(
+                _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, vr), _mm256_mul_ps(m4, vg)), _mm256_mul_ps(m5, vb)), scale), 1));
+            const __m256i cb = _mm256_and_si256(low, _mm256_i32gather_epi32((const int *)codes, hx_code_index8(
+                _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m6, vr), _mm256_mul_ps(m7, vg)), _mm256_mul_ps(m8, vb)), scale), 1));
+            /* per lane (pixels 0-3 | 4-7): R R R R G G G G B B B B 0 0 0 0 */
+            const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(cr, cg),
+                                                      _mm256_packus_epi32(cb, _mm256_setzero_si256()));
+            if (step == 3) { /* 12 bytes a lane, stored 16 at a time: the 4 over are the next pixels' */
+                const __m256i rgb = _mm256_shuffle_epi8(bytes, packed);
+                _mm_storeu_si128((__m128i *)(d0 + 3 * x), _mm256_castsi256_si128(rgb));
+                _mm_storeu_si128((__m128i *)(d0 + 3 * x + 12), _mm256_extracti128_si256(rgb, 1));
+            } else { /* R0-7 G0-7 B0-7 */
+                const __m256i rows = _mm256_permutevar8x32_epi32(bytes, planes);
+                _mm_storel_epi64((__m128i *)(d0 + x), _mm256_castsi256_si128(rows));
+                _mm_storel_epi64((__m128i *)(d1 + x), _mm_srli_si128(_mm256_castsi256_si128(rows), 8));
+                _mm_storel_epi64((__m128i *)(d2 + x), _mm256_extracti128_si256(rows, 1));
+            }
+        }
+        return x;
+    }
+    for (; x + 8 <= n; x += 8) {
+        const __m256 vr = _mm256_i32gather_ps(lin0, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + x))), 4);
+        const __m256 vg = _mm256_i32gather_ps(lin1, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + x))), 4);
+        const __m256 vb = _mm256_i32gather_ps(lin2, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + x))), 4);
+        _mm256_storeu_si256((__m256i *)index, hx_code_index8(
+            _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m0, vr), _mm256_mul_ps(m1, vg)), _mm256_mul_ps(m2, vb)), scale));
+        _mm256_storeu_si256((__m256i *)(index + 8), hx_code_index8(
+            _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m3, vr), _mm256_mul_ps(m4, vg)), _mm256_mul_ps(m5, vb)), scale));
+        _mm256_storeu_si256((__m256i *)(index + 16), hx_code_index8(
+            _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m6, vr), _mm256_mul_ps(m7, vg)), _mm256_mul_ps(m8, vb)), scale));
+        for (k = 0; k < 8; k++) {
+            const ptrdiff_t at = (x + k) * step;
+            d0[at] = codes[index[k]];
+            d1[at] = codes[index[8 + k]];
+            d2[at] = codes[index[16 + k]];
+        }
+    }
+    return x;
+}
+#endif
+
+#ifdef HX_PLANAR_AVX2
+/* hx_lookup_floats eight values at a time; returns where it stopped. */
+HX_TARGET_AVX2 static ptrdiff_t hx_lookup_floats_avx2(const uint8_t *codes, ptrdiff_t n, const float *table,
+                                                      ptrdiff_t stride, float *dest)
+{
+    const __m256i across = _mm256_set1_epi32((int32_t)stride);
+    ptrdiff_t x = 0;
+    for (; x + 8 <= n; x += 8) {
+        const __m256i at = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + x))), across);
+        _mm256_storeu_ps(dest + x, _mm256_i32gather_ps(table, at, 4));
+    }
+    return x;
+}
+#endif
+
+/* dest[x] = table[codes[x] * stride] for n values: a channel's row of a tabulated conversion. */
+static void hx_lookup_floats(const uint8_t *codes, ptrdiff_t n, const float *table, ptrdiff_t stride, float *dest)
+{
+    ptrdiff_t x = 0;
+#ifdef HX_PLANAR_AVX2
+    if (hx_planar_level >= 2)
+        x = hx_lookup_floats_avx2(codes, n, table, stride, dest);
+#endif
+    for (; x < n; x++)
+        dest[x] = table[codes[x] * stride];
+}
+
+/* hx_rgb_to_codes from R, G and B rows: what the plane path uses where AVX2 gathers help; the
+ * scalar arithmetic past them (and everywhere without AVX2). With padded, codes can be read 3
+ * bytes past its end, and the output is packed RGB (step 3, d1 = d0 + 1, d2 = d0 + 2) or rows
+ * (step 1). */
+static void hx_codes_planes(const uint8_t *r, const uint8_t *g, const uint8_t *b, ptrdiff_t n, const float *lin0,
+                            const float *lin1, const float *lin2, const float *m, float steps, const uint8_t *codes,
+                            int padded, uint8_t *d0, uint8_t *d1, uint8_t *d2, ptrdiff_t step)
+{
+    ptrdiff_t x = 0;
+#ifdef HX_PLANAR_AVX2
+    if (hx_planar_level >= 2)
+        x = hx_codes_planes_avx2(r, g, b, n, lin0, lin1, lin2, m, steps, codes, padded, d0, d1, d2, step);
+#endif
+    for (; x < n; x++) {
+        const float vr = lin0[r[x]], vg = lin1[g[x]], vb = lin2[b[x]];
+        d0[x * step] = codes[hx_code_index(m[0] * vr + m[1] * vg + m[2] * vb, steps)];
+        d1[x * step] = codes[hx_code_index(m[3] * vr + m[4] * vg + m[5] * vb, steps)];
+        d2[x * step] = codes[hx_code_index(m[6] * vr + m[7] * vg + m[8] * vb, steps)];
+    }
+}
 
 /* n pixels of resampled Y, Cb and Cr values to 8-bit RGB: packed (plane 0; rgb has room for
  * 3 * n + 1 bytes), or as three rows plane bytes apart (plane >= n). */

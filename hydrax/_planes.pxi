@@ -5,7 +5,14 @@
 # only; the cost is mostly libjpeg's entropy decoding and inverse DCT.
 
 cdef extern from "_planar.h":
+    int hx_planar_level
     int hx_planar_init(int most) noexcept nogil
+    void hx_lookup_floats(const unsigned char* codes, Py_ssize_t n, const float* table, Py_ssize_t stride,
+                          float* dest) noexcept nogil
+    void hx_codes_planes(const unsigned char* r, const unsigned char* g, const unsigned char* b, Py_ssize_t n,
+                         const float* lin0, const float* lin1, const float* lin2, const float* m, float steps,
+                         const unsigned char* codes, int padded, unsigned char* d0, unsigned char* d1,
+                         unsigned char* d2, Py_ssize_t step) noexcept nogil
     void hx_plane_vertical(const unsigned char* src, Py_ssize_t row_stride, Py_ssize_t n, Py_ssize_t count,
                            const int16_t* w, int16_t* dest) noexcept nogil
     void hx_plane_horizontal(const int16_t* src, const int32_t* bounds, Py_ssize_t shift, const int16_t* w,
@@ -146,12 +153,24 @@ def resample_planes_into(const unsigned char[:, :] y, const unsigned char[:, :] 
     cdef Py_ssize_t chroma_span = chroma_columns.last - chroma_columns.first + chroma_columns.kpad
     # three rows of vertically filtered values, three of finished values, the RGB row
     cdef int16_t* values = <int16_t*>calloc(luma_span + 2 * chroma_span + 3 * out_width, sizeof(int16_t))
-    cdef unsigned char* line = <unsigned char*>malloc(3 * out_width + 1)  # hx_ycc_row's spare byte
+    # the RGB row (and hx_ycc_row's spare byte), then room for it reversed (_lookup_planes)
+    cdef unsigned char* line = <unsigned char*>malloc(6 * out_width + 1)
     cdef Py_ssize_t row_floats = 4 * max(out_width, 256)
     cdef float* scratch = <float*>malloc((row_floats + 4 * 256) * sizeof(float))
     if values == NULL or line == NULL or scratch == NULL:
         _release(values, line, scratch, NULL)
         raise MemoryError()
+    # the codes table again with 3 bytes to spare, for the AVX2 kernel's 4-byte gathers
+    cdef unsigned char* codes = NULL
+    if colour is not None and plan.codes != NULL:
+        codes = <unsigned char*>malloc(<Py_ssize_t>plan.code_steps + 1 + 4)
+        if codes == NULL:
+            _release(values, line, scratch, NULL)
+            raise MemoryError()
+        memcpy(codes, plan.codes, <Py_ssize_t>plan.code_steps + 1)
+        memset(codes + <Py_ssize_t>plan.code_steps + 1, 0, 4)
+        plan.codes = codes
+        plan.codes_padded = True
     cdef const unsigned char* sources[3]
     cdef Py_ssize_t strides[3]
     sources[0], sources[1], sources[2] = &y[0, 0], &cb[0, 0], &cr[0, 0]
@@ -161,7 +180,7 @@ def resample_planes_into(const unsigned char[:, :] y, const unsigned char[:, :] 
             _tabulate(&plan, <pixel_out_t*>(scratch + row_floats), scratch)
         _planes_rows(sources, strides, luma_columns, luma_rows, chroma_columns, chroma_rows, values, luma_span,
                      chroma_span, line, scratch, &out[0, 0, 0], chw, flip, NULL if colour is None else &plan)
-    _release(values, line, scratch, NULL)
+    _release(values, line, scratch, codes)
 
 
 cdef void _plane_row(const unsigned char* src, Py_ssize_t stride, Taps columns, Taps rows, Py_ssize_t yy,
@@ -194,6 +213,13 @@ cdef void _planes_rows(const unsigned char** sources, const Py_ssize_t* strides,
             _lookup_planes(plan, line, <const pixel_out_t*>plan.lut,
                            out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane, chw, flip)
             continue
+        if pixel_out_t is uint8_t:
+            if plan != NULL and plan.codes != NULL and out_channels == 3 and hx_planar_level >= 2:
+                # wide-gamut into 8-bit sRGB: the matrix and codes from rows of their own, eight pixels a time
+                hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, out_width)
+                _codes_planes(plan, line, out + (yy * out_width if chw else yy * out_width * 3), out_width, plane, chw,
+                              flip)
+                continue
         hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, 0)
         if plan == NULL:
             if pixel_out_t is uint8_t:  # resample_planes_into allows no other
@@ -211,6 +237,18 @@ cdef void _lookup_planes(const ColourPlan* p, const unsigned char* rgb, const pi
     cdef const pixel_out_t* column
     cdef const unsigned char* codes
     cdef pixel_out_t* dest
+    cdef unsigned char* reversed_row
+    if pixel_out_t is float:
+        if chw:  # rows of floats: eight lookups at a time (a mirrored row's codes reversed first)
+            if flip:
+                reversed_row = <unsigned char*>rgb + 3 * width  # the row's spare room
+                for c in range(3):
+                    for x in range(width):
+                        reversed_row[c * width + x] = rgb[c * width + width - 1 - x]
+                rgb = reversed_row
+            for c in range(out_channels):
+                hx_lookup_floats(rgb + (c if c < 3 else 0) * width, width, table + c, out_channels, o + c * plane)
+            return
     if flip:
         o += (width - 1) * step
         step = -step
@@ -220,3 +258,19 @@ cdef void _lookup_planes(const ColourPlan* p, const unsigned char* rgb, const pi
         codes = rgb + (c if c < 3 else 0) * width  # alpha: 255 whatever the code, so any row
         for x in range(width):
             dest[x * step] = column[codes[x] * out_channels]
+
+
+cdef void _codes_planes(const ColourPlan* p, const unsigned char* rgb, unsigned char* o, Py_ssize_t width,
+                        Py_ssize_t plane, bint chw, bint flip) noexcept nogil:
+    """What ``_convert_row`` does for 8-bit sRGB codes without alpha, from R, G and B rows (a
+    mirrored row's reversed first, into the room after them, so the stores go forwards)."""
+    cdef Py_ssize_t x, c
+    cdef unsigned char* reversed_row
+    if flip:
+        reversed_row = <unsigned char*>rgb + 3 * width
+        for c in range(3):
+            for x in range(width):
+                reversed_row[c * width + x] = rgb[c * width + width - 1 - x]
+        rgb = reversed_row
+    hx_codes_planes(rgb, rgb + width, rgb + 2 * width, width, p.lin0, p.lin1, p.lin2, p.m, p.code_steps, p.codes,
+                    p.codes_padded, o, o + (plane if chw else 1), o + (2 * plane if chw else 2), 1 if chw else 3)

@@ -13,13 +13,15 @@ and the crop taken in one resampling step, and the few output pixels are convert
 embedded profile to the requested space, encoding, dtype and layout, straight into ``out``.
 Colour work therefore scales with the output, not the photo.
 
-Two paths do this with the same result. Common JPEGs (8-bit, gray or YCbCr, Huffman-coded, read
-from bytes) take the fast one: their markers are read by :mod:`hydrax.image.jpeg`, libjpeg-turbo
-decodes them into a buffer the thread keeps, and one kernel call (:mod:`hydrax.image.resample`)
-resizes, crops, mirrors and converts them into the slot with Pillow's arithmetic. Everything
+Three paths do this. Common JPEGs (8-bit, gray or YCbCr, Huffman-coded, read from bytes) take a
+fast one: their markers are read by :mod:`hydrax.image.jpeg` and libjpeg-turbo decodes them into
+a buffer the thread keeps. Upright YCbCr files that need no DCT scaling are decoded as their own
+Y, Cb and Cr planes, which one kernel call resizes and turns into RGB for the slot's pixels only
+(the plane path: within rounding of Pillow's result, see docs/images.rst); the others are decoded
+to RGB and resized with Pillow's arithmetic to the bit (:mod:`hydrax.image.resample`). Everything
 else (PNG, WebP, GIF, CMYK or 12-bit or arithmetic-coded JPEGs, damaged files, file objects,
 profiles only LittleCMS can apply, the nearest-neighbour filter) goes through Pillow as before,
-and so does any JPEG the fast path cannot decode cleanly: its errors are Pillow's, worded as ever.
+and so does any JPEG the fast paths cannot decode cleanly: its errors are Pillow's, worded as ever.
 """
 
 from __future__ import annotations
@@ -288,8 +290,9 @@ def _plain_jpeg(data: Any) -> tuple[jpeg.JpegHeader, memoryview] | None:
 
 def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, chw: bool, size: int | None, crop: str,
                flip: bool, seed: int | None, space: str, coefs, kind: int, bad_profile: str) -> bool:
-    """The fast path: decode, turn upright, resize, crop, mirror and convert into ``out`` with
-    the same results as Pillow's path; False (nothing written) where it leaves the image to that path."""
+    """The fast paths: decode (as planes where the file allows it, see the module's docstring),
+    turn upright, resize, crop, mirror and convert into ``out``; False (nothing written) where
+    they leave the image to Pillow's path."""
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
     transposed = header.orientation in _TRANSPOSED
     width, height = (header.height, header.width) if transposed else (header.width, header.height)

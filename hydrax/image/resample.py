@@ -1,8 +1,10 @@
 """Decoded pixels resized, cropped and converted into a batch slot in one kernel call.
 
-The arithmetic is Pillow's (see ``hydrax/_resample.pxi``), so a slot filled here holds what
-``Image.resize(size, filter, box)`` followed by hydrax's colour conversion gives, bit for bit.
-The filter weights of an axis depend only on its sizes and the crop's span, and a data set's
+From RGB pixels (:func:`resize_into`) the arithmetic is Pillow's (see ``hydrax/_resample.pxi``),
+so a slot filled here holds what ``Image.resize(size, filter, box)`` followed by hydrax's colour
+conversion gives, bit for bit. From a JPEG's planes (:func:`resize_planes_into`) the same
+filters act on each plane, in finer fixed point and rounded once, so the result is within
+rounding of that (``hydrax/_planes.pxi``). The filter weights of an axis depend only on its sizes and the crop's span, and a data set's
 images come in few sizes, so they are computed once and kept (a random crop's spans vary more;
 the cache then saves less; an entry for a 224-pixel axis holds about 30 kB).
 """
