@@ -225,11 +225,22 @@ def test_resample_planes_into_is_the_exact_result_within_rounding(kind, across, 
         np.testing.assert_array_equal(chw, out.transpose(2, 0, 1))
 
 
+@pytest.fixture(params=[0, 1, 2], ids=["scalar", "sse2", "avx2"])
+def kernel_level(request):
+    """Each level of the plane kernels this machine has, restoring the best after."""
+    best = _core.planar_kernels()
+    if request.param > best:
+        pytest.skip(f"this machine's plane kernels go to level {best}")
+    _core.planar_kernels(request.param)
+    yield request.param
+    _core.planar_kernels()
+
+
 @pytest.mark.parametrize(("space", "profile"), [("linear", None), ("srgb", None), ("srgb", "AdobeRGB1998.icc"),
                                                 ("oklab", None)])
-def test_resample_planes_into_converts_colour_as_convert_pixels_does(space, profile):
+def test_resample_planes_into_converts_colour_as_convert_pixels_does(space, profile, kernel_level):
     """Through a table per channel (linear, sRGB with coefs), the matrix (Adobe RGB) or Oklab; in
-    each layout, mirrored or not, with or without alpha."""
+    each layout, mirrored or not, with or without alpha; at every level of the kernels."""
     from pathlib import Path
 
     rng = np.random.default_rng(77)

@@ -8,8 +8,9 @@ grain), once without a profile and once with Adobe RGB (1998) embedded, pins its
 core, and fills a ``--out`` square slot from each (resized by the smallest scale that covers
 the slot, centre crop) by:
 
-- ``decode_into`` from bytes: the fast path (libjpeg-turbo, then one kernel call), for uint8
-  HWC, float32 CHW with ``Coefs.IMAGENET_SRGB``, Adobe RGB input, and a random crop with flip;
+- ``decode_into`` from bytes: the plane path (libjpeg-turbo's Y, Cb and Cr planes, then one
+  kernel call), for uint8 HWC, float32 CHW with ``Coefs.IMAGENET_SRGB``, Adobe RGB input, and a
+  random crop with flip;
 - ``decode_into`` from a file object: Pillow's path, which every JPEG took before (for the record);
 - simplejpeg decode + ``cv2.resize`` (bilinear, not antialiased) + crop, and OpenCV's own
   ``imdecode`` + ``cv2.resize``: what a user writes by hand;
@@ -89,15 +90,16 @@ def runs_for(out: int):
         Image.open(io.BytesIO(data)).load()
 
     return slot, chw, {
+        # the new path's slot forms next to each other, so the ratios between them see the same machine
         "decode_into (new), uint8 HWC": ("plain", lambda d: decode_into(d, slot)),
+        "decode_into (new), float32 CHW + Coefs": ("plain", lambda d: decode_into(d, chw, layout="chw", coefs=Coefs.IMAGENET_SRGB)),
+        "decode_into (new), Adobe RGB, uint8 HWC": ("adobe", lambda d: decode_into(d, slot)),
+        "decode_into (new), random crop + flip": ("plain", lambda d: decode_into(d, slot, crop="random", flip=True, seed=len(d))),
         "decode_into (Pillow's path), uint8 HWC": ("plain", lambda d: decode_into(io.BytesIO(d), slot)),
         "simplejpeg + cv2.resize, uint8 HWC": ("plain", lambda d: crop_to_slot(simplejpeg.decode_jpeg(d, buffer=decoded))),
         "OpenCV imdecode + cv2.resize, uint8 HWC": ("plain", lambda d: crop_to_slot(cv2.cvtColor(cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB))),
         "Pillow decode alone": ("plain", pillow_alone),
         "simplejpeg decode alone": ("plain", lambda d: simplejpeg.decode_jpeg(d, buffer=decoded)),
-        "decode_into (new), float32 CHW + Coefs": ("plain", lambda d: decode_into(d, chw, layout="chw", coefs=Coefs.IMAGENET_SRGB)),
-        "decode_into (new), Adobe RGB, uint8 HWC": ("adobe", lambda d: decode_into(d, slot)),
-        "decode_into (new), random crop + flip": ("plain", lambda d: decode_into(d, slot, crop="random", flip=True, seed=len(d))),
         "decode_into (Pillow's path), float32 CHW": ("plain", lambda d: decode_into(io.BytesIO(d), chw, layout="chw", coefs=Coefs.IMAGENET_SRGB)),
         "decode_into (Pillow's path), Adobe RGB": ("adobe", lambda d: decode_into(io.BytesIO(d), slot)),
     }
