@@ -73,6 +73,12 @@ static inline int16_t hx_sat16(int32_t v)
     return (int16_t)(v < -32768 ? -32768 : (v > 32767 ? 32767 : v));
 }
 
+/* Weights j and j + 1 (0 past count) as the two int16 halves of an int32, for _mm_madd_epi16. */
+static inline int32_t hx_pair_weights(const int16_t *w, ptrdiff_t j, ptrdiff_t count)
+{
+    return (int32_t)((uint32_t)(uint16_t)w[j] | ((uint32_t)(uint16_t)(j + 1 < count ? w[j + 1] : 0) << 16));
+}
+
 static inline uint8_t hx_sat8(int32_t v)
 {
     return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
@@ -96,8 +102,7 @@ HX_TARGET_AVX2 static ptrdiff_t hx_plane_vertical_avx2(const uint8_t *src, ptrdi
             const int two = j + 1 < count;
             const __m256i a = _mm256_loadu_si256((const __m256i *)r0);
             const __m256i b = two ? _mm256_loadu_si256((const __m256i *)(r0 + row_stride)) : zero;
-            const __m256i pair = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)w[j] |
-                                                             ((uint32_t)(uint16_t)(two ? w[j + 1] : 0) << 16)));
+            const __m256i pair = _mm256_set1_epi32(hx_pair_weights(w, j, count));
             const __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
             s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), pair));
             s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), pair));
@@ -161,8 +166,7 @@ static void hx_plane_vertical(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_
             const int two = j + 1 < count;
             const __m128i a = _mm_loadu_si128((const __m128i *)r0);
             const __m128i b = two ? _mm_loadu_si128((const __m128i *)(r0 + row_stride)) : zero;
-            const __m128i pair = _mm_set1_epi32((int32_t)((uint32_t)(uint16_t)w[j] |
-                                                          ((uint32_t)(uint16_t)(two ? w[j + 1] : 0) << 16)));
+            const __m128i pair = _mm_set1_epi32(hx_pair_weights(w, j, count));
             const __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
             s0 = _mm_add_epi32(s0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), pair));
             s1 = _mm_add_epi32(s1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), pair));

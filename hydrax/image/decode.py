@@ -297,6 +297,15 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     transposed = header.orientation in _TRANSPOSED
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
     draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), transposed)
+    # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
+    planes = pixels = None
+    if draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
+        planes = jpeg.decode_planes(view, header)
+    if planes is None:
+        pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
+        if pixels is None:
+            return False
+    # the profile only now: damaged data with a damaged profile fails as damaged data, as on Pillow's path
     transform = transform_for(header.icc_profile, "L" if header.components == 1 else "RGB", space, bad_profile=bad_profile)
     if transform.lcms:
         return False
@@ -305,19 +314,12 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     if not (transform.identity and coefs is None and out.dtype == np.uint8 and header.components == channels):
         colour = _colour_tables(transform, out.dtype, channels, coefs)
     target = _kernel_target(out)
-    # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
-    planes = None
-    if draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
-        planes = jpeg.decode_planes(view, header)
     if planes is not None:
         (luma_h, luma_v), (chroma_h, chroma_v) = header.sampling[:2]
         box = crop_box(header.width, header.height, out_h, out_w, size, crop, seed)
         resize_planes_into(planes, (luma_h // chroma_h, luma_v // chroma_v), box, target, chw=chw, flip=flip, kind=kind,
                            colour=colour)
     else:
-        pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
-        if pixels is None:
-            return False
         pixels = jpeg.upright(pixels, header.orientation)
         box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
         resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
