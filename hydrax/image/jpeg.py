@@ -39,6 +39,8 @@ except ImportError:  # the image extra brings it; without it every JPEG takes Pi
 
 #: The decode buffer a thread keeps between images (bigger images get one of their own).
 KEEP_BUFFER_BYTES = 64 << 20
+#: Where decode buffers start: a multiple of this many bytes (the plane kernels want 16).
+BUFFER_ALIGN = 64
 #: Start-of-frame markers of the files this path decodes: baseline, extended and progressive
 #: Huffman coding. Lossless, hierarchical and arithmetic-coded files take Pillow's path.
 _FRAMES = (0xC0, 0xC1, 0xC2)
@@ -195,11 +197,13 @@ _local = threading.local()
 
 
 def _buffer(size: int) -> np.ndarray:
-    """At least ``size`` bytes to decode into: this thread's buffer, grown as needed."""
+    """At least ``size`` bytes to decode into, starting 64-byte aligned: this thread's buffer,
+    grown as needed."""
     buffer = getattr(_local, "buffer", None)
     if buffer is not None and buffer.nbytes >= size:
         return buffer
-    buffer = np.empty(size, np.uint8)
+    block = np.empty(size + BUFFER_ALIGN, np.uint8)
+    buffer = block[-block.__array_interface__["data"][0] % BUFFER_ALIGN:][:size]
     if size <= KEEP_BUFFER_BYTES:
         _local.buffer = buffer
     return buffer
@@ -293,11 +297,10 @@ def decode_planes(data: memoryview, header: JpegHeader) -> tuple[np.ndarray, np.
 
 def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader):
     layout, size = _core.jpeg_plane_layout(header.width, header.height, header.sampling)
-    buffer = _buffer(size + 16)
-    aligned = buffer[-buffer.ctypes.data % 16:][:size]
-    if found.decode_planes(data, header.width, header.height, header.sampling, aligned) != 0:
+    buffer = _buffer(size)
+    if found.decode_planes(data, header.width, header.height, header.sampling, buffer) != 0:
         return None
-    return tuple(aligned[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
+    return tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
                  for offset, rows, stride, height, width in layout)
 
 
