@@ -36,6 +36,11 @@
 #define HX_JPEG_OUTPUT_WIDTH 136
 #define HX_JPEG_OUTPUT_HEIGHT 140
 #define HX_JPEG_OUTPUT_SCANLINE 168
+#define HX_JPEG_COMP_INFO 304
+/* Size of jpeg_component_info, and byte offsets in it */
+#define HX_JPEG_COMPONENT_SIZE 96
+#define HX_JPEG_H_SAMP 8
+#define HX_JPEG_V_SAMP 12
 /* Byte offsets in struct jpeg_error_mgr */
 #define HX_JPEG_ERROR_EXIT 0
 #define HX_JPEG_EMIT_MESSAGE 8
@@ -114,15 +119,32 @@ static int hx_jpeg_bind(const char *path, hx_jpeg_api *api)
     return 0;
 }
 
+/* Whether the components libjpeg read have the sampling factors the caller sized the planes for
+ * (sampling: h, v of each), so no component can write past its rows. */
+static int hx_jpeg_sampled_as(const hx_jpeg_job *job, const int *sampling)
+{
+    const unsigned char *components = HX_JPEG_FIELD(job, const unsigned char *, HX_JPEG_COMP_INFO);
+    int c;
+    if (components == NULL)
+        return 0;
+    for (c = 0; c < HX_MAX_COMPONENTS; c++) {
+        const unsigned char *component = components + c * HX_JPEG_COMPONENT_SIZE;
+        if (*(const int *)(component + HX_JPEG_H_SAMP) != sampling[2 * c] ||
+            *(const int *)(component + HX_JPEG_V_SAMP) != sampling[2 * c + 1])
+            return 0;
+    }
+    return 1;
+}
+
 /* Decodes the three planes of the YCbCr JPEG in data (size bytes), width x height, into rows:
  * for component c, rows[c] is an array of imcu_rows * HX_JPEG_MAX_LINES row pointers, of which
  * iMCU row m uses the HX_JPEG_MAX_LINES from m * HX_JPEG_MAX_LINES (the caller points each at a
  * row of its plane, long enough for the component's width in whole blocks). max_lines is 8 x the
  * largest vertical sampling factor. Returns 0, or 1 where libjpeg reported anything, or 2 where
- * the file is not what the caller said (size, components, colour space). */
+ * the file is not what the caller said (size, components, colour space, sampling factors). */
 static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsigned char *data, size_t size,
-                          unsigned int width, unsigned int height, unsigned char **rows[HX_MAX_COMPONENTS],
-                          ptrdiff_t imcu_rows, unsigned int max_lines)
+                          unsigned int width, unsigned int height, const int *sampling,
+                          unsigned char **rows[HX_MAX_COMPONENTS], ptrdiff_t imcu_rows, unsigned int max_lines)
 {
     volatile int created = 0;
     volatile int status = 2;
@@ -142,7 +164,8 @@ static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
     if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_IMAGE_WIDTH) == width &&
         HX_JPEG_FIELD(job, unsigned int, HX_JPEG_IMAGE_HEIGHT) == height &&
         HX_JPEG_FIELD(job, int, HX_JPEG_NUM_COMPONENTS) == HX_MAX_COMPONENTS &&
-        HX_JPEG_FIELD(job, int, HX_JPEG_COLOR_SPACE) == HX_JCS_YCBCR && max_lines <= HX_JPEG_MAX_LINES) {
+        HX_JPEG_FIELD(job, int, HX_JPEG_COLOR_SPACE) == HX_JCS_YCBCR && max_lines <= HX_JPEG_MAX_LINES &&
+        hx_jpeg_sampled_as(job, sampling)) {
         HX_JPEG_FIELD(job, int, HX_JPEG_RAW_DATA_OUT) = 1;
         HX_JPEG_FIELD(job, int, HX_JPEG_DCT_METHOD) = HX_JDCT_ISLOW;
         api->start(job->cinfo.bytes);

@@ -28,8 +28,8 @@ cdef extern from "_libjpeg.h":
     int HX_JPEG_MAX_LINES
     int hx_jpeg_bind(const char* path, hx_jpeg_api* api) noexcept nogil
     int hx_jpeg_planes(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
-                       unsigned int width, unsigned int height, unsigned char*** rows, Py_ssize_t imcu_rows,
-                       unsigned int max_lines) noexcept nogil
+                       unsigned int width, unsigned int height, const int* sampling, unsigned char*** rows,
+                       Py_ssize_t imcu_rows, unsigned int max_lines) noexcept nogil
 
 cdef enum:
     PLANE_ALIGN = 16     # each plane's rows start 16-byte aligned
@@ -89,7 +89,8 @@ cdef class JpegLibrary:
         """Decode the JPEG ``data`` (``width`` x ``height``, YCbCr, components sampled as
         ``sampling``) into ``buffer`` (at least :func:`jpeg_plane_layout`'s size, 16-byte
         aligned) as that layout says. Returns 0, 1 where libjpeg reported an error or a warning
-        (the planes are then not usable), or 2 where the file is not what the arguments say."""
+        (the planes are then not usable), or 2 where the file is not what the arguments say (its
+        size, components, colour space or sampling factors: nothing is then written)."""
         planes, size = jpeg_plane_layout(width, height, sampling)
         if buffer.shape[0] < size or (<uintptr_t>&buffer[0]) % PLANE_ALIGN:
             raise ValueError(f"the buffer must be 16-byte aligned and hold {size} bytes, not {buffer.shape[0]}")
@@ -105,7 +106,9 @@ cdef class JpegLibrary:
             free(pointers)
             free(job)
             raise MemoryError()
+        cdef int factors[6]
         for c in range(3):
+            factors[2 * c], factors[2 * c + 1] = sampling[c][0], sampling[c][1]
             offset, rows, stride = planes[c][0], planes[c][1], planes[c][2]
             lines = 8 * sampling[c][1]
             components[c] = pointers + c * count
@@ -116,8 +119,8 @@ cdef class JpegLibrary:
                     components[c][m * HX_JPEG_MAX_LINES + k] = &buffer[offset + row * stride]
         cdef int status
         with nogil:
-            status = hx_jpeg_planes(&self.api, job, &data[0], data.shape[0], width, height, components, imcu_rows,
-                                    8 * vmax)
+            status = hx_jpeg_planes(&self.api, job, &data[0], data.shape[0], width, height, factors, components,
+                                    imcu_rows, 8 * vmax)
         free(pointers)
         free(job)
         return status

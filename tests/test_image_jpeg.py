@@ -218,6 +218,14 @@ def test_files_without_ycbcr_planes_are_refused_and_damage_is_reported():
         assert jpeg.decode_planes(memoryview(damaged), found) is None
     wrong = jpeg.JpegHeader(found.width + 8, found.height, 3, 1, None, found.sampling)
     assert jpeg.decode_planes(memoryview(plain), wrong) is None  # the file is not what the header said
+    understated = jpeg.JpegHeader(found.width, found.height, 3, 1, None, ((1, 1),) * 3)  # 4:2:0 said to be 4:4:4
+    assert jpeg.planar(understated) and jpeg.decode_planes(memoryview(plain), understated) is None
+    from hydrax import _core
+
+    layout, size = _core.jpeg_plane_layout(found.width, found.height, ((1, 1), (1, 1), (2, 2)))
+    block = np.zeros(size + 16, np.uint8)
+    buffer = block[-block.__array_interface__["data"][0] % 16:][:size]
+    assert jpeg.library().decode_planes(memoryview(plain), found.width, found.height, ((1, 1), (1, 1), (2, 2)), buffer) == 2
     first = jpeg.decode_planes(memoryview(plain), found)
     assert np.shares_memory(first[0], jpeg.decode_planes(memoryview(plain), found)[0])
 
@@ -260,7 +268,11 @@ def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
               "HX_JPEG_RAW_DATA_OUT": "raw_data_out", "HX_JPEG_DCT_METHOD": "dct_method",
               "HX_JPEG_OUTPUT_WIDTH": "output_width", "HX_JPEG_OUTPUT_HEIGHT": "output_height",
               "HX_JPEG_OUTPUT_SCANLINE": "output_scanline"}
+    fields["HX_JPEG_COMP_INFO"] = "comp_info"
     lines = [f'printf("{name} %zu\\n", offsetof(struct jpeg_decompress_struct, {field}));' for name, field in fields.items()]
+    lines += ['printf("HX_JPEG_COMPONENT_SIZE %zu\\n", sizeof(jpeg_component_info));',
+              'printf("HX_JPEG_H_SAMP %zu\\n", offsetof(jpeg_component_info, h_samp_factor));',
+              'printf("HX_JPEG_V_SAMP %zu\\n", offsetof(jpeg_component_info, v_samp_factor));']
     lines += ['printf("HX_JPEG_STRUCT_SIZE %zu\\n", sizeof(struct jpeg_decompress_struct));',
               'printf("HX_JPEG_ERROR_SIZE %zu\\n", sizeof(struct jpeg_error_mgr));',
               'printf("HX_JPEG_ERROR_EXIT %zu\\n", offsetof(struct jpeg_error_mgr, error_exit));',
