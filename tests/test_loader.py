@@ -503,11 +503,18 @@ def test_subclassing_warns_but_works():
 
 
 def test_no_file_descriptors_leak_across_runs():
+    """No descriptor opened during the runs is still open after. (Earlier tests in this process
+    may leave objects whose descriptors the collector closes during the runs: fewer is fine.)"""
+    import gc
+
     run(end_at=("epoch", 1))
-    before = len(os.listdir("/proc/self/fd"))
+    gc.collect()
+    before = set(os.listdir("/proc/self/fd"))
     for _ in range(3):
         run(end_at=("epoch", 1))
-    assert len(os.listdir("/proc/self/fd")) == before
+    gc.collect()
+    after = set(os.listdir("/proc/self/fd"))
+    assert after <= before and len(after) <= len(before), sorted(after - before)
 
 
 @pytest.mark.cpu_only
