@@ -97,7 +97,7 @@ cdef class JpegLibrary:
         if data.shape[0] == 0:
             return 2
         cdef Py_ssize_t vmax = max(v for h, v in sampling)
-        cdef Py_ssize_t imcu_rows = (height + 8 * vmax - 1) // (8 * vmax)
+        cdef Py_ssize_t imcu_rows = planes[0][1] // (8 * sampling[0][1])  # the layout's rows are whole iMCU rows
         cdef Py_ssize_t count = imcu_rows * HX_JPEG_MAX_LINES, c, m, k, row, offset, rows, stride, lines
         cdef unsigned char** pointers = <unsigned char**>malloc(3 * count * sizeof(unsigned char*))
         cdef unsigned char** components[3]
@@ -240,15 +240,10 @@ cdef void _lookup_planes(const ColourPlan* p, const unsigned char* rgb, const pi
     cdef const pixel_out_t* column
     cdef const unsigned char* codes
     cdef pixel_out_t* dest
-    cdef unsigned char* reversed_row
     if pixel_out_t is float:
         if chw:  # rows of floats: eight lookups at a time (a mirrored row's codes reversed first)
             if flip:
-                reversed_row = <unsigned char*>rgb + 3 * width  # the row's spare room
-                for c in range(3):
-                    for x in range(width):
-                        reversed_row[c * width + x] = rgb[c * width + width - 1 - x]
-                rgb = reversed_row
+                rgb = _reversed_rows(rgb, width)
             for c in range(out_channels):
                 hx_lookup_floats(rgb + (c if c < 3 else 0) * width, width, table + c, out_channels, o + c * plane)
             return
@@ -267,13 +262,18 @@ cdef void _codes_planes(const ColourPlan* p, const unsigned char* rgb, unsigned 
                         Py_ssize_t plane, bint chw, bint flip) noexcept nogil:
     """What ``_convert_row`` does for 8-bit sRGB codes without alpha, from R, G and B rows (a
     mirrored row's reversed first, into the room after them, so the stores go forwards)."""
-    cdef Py_ssize_t x, c
-    cdef unsigned char* reversed_row
     if flip:
-        reversed_row = <unsigned char*>rgb + 3 * width
-        for c in range(3):
-            for x in range(width):
-                reversed_row[c * width + x] = rgb[c * width + width - 1 - x]
-        rgb = reversed_row
+        rgb = _reversed_rows(rgb, width)
     hx_codes_planes(rgb, rgb + width, rgb + 2 * width, width, p.lin0, p.lin1, p.lin2, p.m, p.code_steps, p.codes,
                     p.codes_padded, o, o + (plane if chw else 1), o + (2 * plane if chw else 2), 1 if chw else 3)
+
+
+cdef const unsigned char* _reversed_rows(const unsigned char* rgb, Py_ssize_t width) noexcept nogil:
+    """The R, G and B rows at ``rgb`` (``width`` bytes each), each reversed into the room after
+    them (the row buffer has it): a mirrored row, so the stores after can go forwards."""
+    cdef unsigned char* reversed_rows = <unsigned char*>rgb + 3 * width
+    cdef Py_ssize_t x, c
+    for c in range(3):
+        for x in range(width):
+            reversed_rows[c * width + x] = rgb[c * width + width - 1 - x]
+    return reversed_rows
