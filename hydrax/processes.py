@@ -84,7 +84,7 @@ def watch_jax_start() -> None:
     From that moment on every new run needs the fork server, and starting it then, rather than
     when the run begins, takes the server's imports (JAX and the main module's other modules)
     off the time to the first batch (a training script usually spends seconds between
-    initialising JAX and its first loader).
+    initialising JAX and its first loader). Not while a run is loading: its workers need the CPU.
     Uses jax's ``register_backend_initialization_hook`` where it exists, else wraps the private
     ``_init_backend`` (jax 0.12 dropped the hook); with neither, nothing happens.
     """
@@ -114,6 +114,11 @@ def _on_backend(_backend) -> None:
     from . import _forkserver
 
     if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING:
+        return
+    if any(t.name == PIPELINE_THREAD for t in threading.enumerate()):
+        # A run is loading (its first batch is what initialises JAX): the server's imports would
+        # take seconds of CPU from its workers, on a small host a fifth of the epoch. The next
+        # run starts the server when it is made, as it would without this hook.
         return
     try:
         warm_forkserver()

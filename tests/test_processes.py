@@ -44,6 +44,47 @@ def test_fork_while_no_jax_backend_or_other_hazard_is_live_then_the_fork_server(
     """) == "forkserver"
 
 
+@pytest.mark.slow
+def test_jax_started_by_a_running_loader_leaves_the_fork_server_to_the_next_run():
+    # The server imports JAX and the rest for seconds: started while the first run loads, it
+    # took a fifth of a 2-core host's CPU from that run's workers. JAX started outside any run
+    # still warms it at once.
+    out = run_python("""
+        import multiprocessing.forkserver as fs
+        import numpy as np, jax.numpy as jnp
+        from hydrax import DataGroup, Dataloader
+        from hydrax.processes import jax_backend_live
+
+        def server():
+            return fs._forkserver._forkserver_pid
+
+        def load(item, arrays, seed):
+            arrays["x"][...] = item
+
+        def epoch():
+            group = DataGroup(4, range(16), loader_arrays={"x": ((), np.int32, jnp.int32)})
+            with Dataloader(load, group, loader_count=2, end_at=("epoch", 1)) as dl:
+                seen = [(int(batch.arrays["x"].sum()), server()) for batch in dl]
+            return dl.start_method, seen
+
+        live = jax_backend_live()
+        first, seen = epoch()
+        print(live, first, jax_backend_live(), sorted({pid for _, pid in seen} | {server()}, key=str))
+        second, seen = epoch()
+        print(second, sum(total for total, _ in seen), server() is not None)
+    """)
+    lines = out.splitlines()
+    assert lines[0] == "False fork True [None]"
+    assert lines[1] == f"forkserver {sum(range(16))} True"
+    assert run_python("""
+        import multiprocessing.forkserver as fs
+        import jax.numpy as jnp
+        import hydrax
+        jnp.zeros(1).block_until_ready()
+        print(fs._forkserver._forkserver_pid is not None)
+    """) == "True"
+
+
 def test_the_environment_forces_a_method_and_refuses_others(monkeypatch):
     monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")
     assert start_method() == "forkserver"
