@@ -11,15 +11,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
 from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
-from hydrax.serve import Collector, Curve, curve_keypair
+from hydrax.serve import Collector, Curve, curve_keypair, envelope
+from hydrax.serve.reliable import ShareSender
 from support.serve_share_job import make_loader
 from support.timing import slack
 
@@ -231,3 +234,58 @@ def test_shares_of_different_runs_are_refused():
     errors = [p.communicate()[1] for p in shares]
     assert refused, "no share was refused"
     assert any("serves another run" in e for e in errors)
+
+
+def test_a_share_ends_only_once_the_collector_holds_its_last_batches():
+    # A producer that closed as soon as its end marker was queued could exit with credits
+    # unread; its connection then reset and the collector lost the share's last batches (seen
+    # with 9.6 MB batches on a busy host: 2 of 300, and both end markers).
+    address = f"127.0.0.1:{free_port()}"
+    collector = Collector(f"zpull://{address}", 1, credit=4, timeout=slack(30))
+    got = []
+
+    def trainer():
+        for message in collector.messages():
+            got.append((message.seq, message.arrays[0].tolist()))
+            if len(got) == 1:
+                time.sleep(1.0)  # not reading while the producer ends
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    try:
+        sender = ShareSender(f"zpush://{address}", 0, 1, "run", timeout=slack(30))
+        assert sender.start() == 0
+        for position in range(3):
+            sender.put(position, [np.full(4, position)], ["x"], {})
+        sender.end(3)
+        assert collector.shares[0].end == 3  # confirmed: every batch was in the collector's hands
+    finally:
+        thread.join(slack(30))
+        collector.close()
+    assert got == [(k, [k] * 4) for k in range(3)]
+
+
+def test_a_producer_whose_end_is_never_confirmed_says_so():
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def silent_collector():  # welcomes the share, then never answers again
+        identity, _hello = router.recv_multipart()
+        router.send_multipart([identity, envelope.pack("welcome", first=0, credit=4)])
+
+    thread = threading.Thread(target=silent_collector)
+    thread.start()
+    try:
+        sender = ShareSender(f"zpush://127.0.0.1:{port}", 0, 1, "run", timeout=1.0)
+        assert sender.start() == 0
+        sender.put(0, [np.zeros(4)], ["x"], {})
+        started = time.monotonic()
+        with pytest.raises(PeerTimeoutError, match="did not confirm the end of share 0 within 1 s") as caught:
+            sender.end(1)
+        assert 0.9 < time.monotonic() - started < slack(10)
+        assert caught.value.url == f"zpush://127.0.0.1:{port}"
+    finally:
+        thread.join(10)
+        router.close(linger=0)
+        context.term()

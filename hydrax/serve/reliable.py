@@ -14,7 +14,12 @@ The exchange, each message a hydrax envelope (:mod:`.envelope`) with tenbin fram
    received, and ``credit``, how many batches the producer may send ahead; or ``refuse`` with why;
 3. the producer sends ``data`` (with ``pos``) while it has credit, a ``beat`` every second it has
    nothing to send, and ``end`` with ``next`` (the first position it will never serve);
-4. the collector returns one ``credit`` for each batch it hands out.
+4. the collector returns one ``credit`` for each batch it hands out;
+5. the collector answers ``end`` with ``received`` once it holds every batch of the share, and
+   only then does the producer close its socket. A process that exits with messages it has not
+   read (credits sent late) resets its TCP connection, and the receiving side may then drop
+   the batches it had not read from the connection yet: the last batches of the share, lost
+   without a word, before this step existed.
 
 A producer that dies loses nothing: its batches in flight were never counted as received, and
 the producer restarted in its place is welcomed at the first missing position. Batches from a
@@ -48,13 +53,17 @@ from .urls import Endpoint, parse_urls
 
 log = logging.getLogger(__name__)
 
-HELLO, WELCOME, REFUSE, BEAT, CREDIT = "hello", "welcome", "refuse", "beat", "credit"
+HELLO, WELCOME, REFUSE, BEAT, CREDIT, RECEIVED = "hello", "welcome", "refuse", "beat", "credit", "received"
 BEAT_SECONDS = 1.0
+#: How long a closing collector keeps trying to deliver its last replies (a ``received``).
+_CLOSE_LINGER_MS = 1000
 POLL_MS = 100
 
 
 def _open(context: zmq.Context, socket_type: int, endpoints: list[Endpoint], hwm: int, identity: bytes | None = None,
-          curve: Curve | None = None) -> zmq.Socket:
+          curve: Curve | None = None, bound: list[str] | None = None) -> zmq.Socket:
+    """A socket bound or connected to every endpoint; the addresses it bound at (the ports a
+    ``*`` port became) are appended to ``bound``."""
     socket = context.socket(socket_type)
     if curve is not None:
         curve.apply(socket)
@@ -67,7 +76,12 @@ def _open(context: zmq.Context, socket_type: int, endpoints: list[Endpoint], hwm
         socket.setsockopt(zmq.ROUTING_ID, identity)
     for endpoint in endpoints:
         try:
-            socket.bind(endpoint.address) if endpoint.bind else socket.connect(endpoint.address)
+            if endpoint.bind:
+                socket.bind(endpoint.address)
+                if bound is not None:
+                    bound.append(socket.getsockopt_string(zmq.LAST_ENDPOINT))
+            else:
+                socket.connect(endpoint.address)
         except zmq.ZMQError as exc:
             socket.close(linger=0)
             raise ServeError(f"cannot {'bind' if endpoint.bind else 'connect'} {endpoint.url}: {exc}", url=endpoint.url) from exc
@@ -89,7 +103,8 @@ class _Share:
 class Collector:
     """Receive a stream served by ``shares`` producers, each batch exactly once.
 
-    :param url: where producers reach it: ``zpull://HOST:PORT`` (binds) or ``zrpull://`` (connects).
+    :param url: where producers reach it: ``zpull://HOST:PORT`` (binds; a ``*`` port lets the
+        system choose one, which :attr:`addresses` then says) or ``zrpull://`` (connects).
     :param shares: how many producers split the stream (their ``share`` indexes are ``0 .. shares-1``).
     :param ordered: yield batches in stream order (the local run's order); False: as they come.
     :param first: the stream position to start from (0: the producers' ``start_at``).
@@ -98,11 +113,14 @@ class Collector:
     :param schema: the arrays expected, as :class:`~hydrax.serve.Connection`'s ``schema``; a batch
         that differs raises :class:`~hydrax.errors.SchemaError` naming its share.
     :param curve: :class:`~hydrax.serve.Curve` encryption and authentication.
+    :param watch: called about every 100 ms while the collector waits for batches; an exception
+        it raises ends the wait. :mod:`hydrax.ray` uses it to notice a producer that cannot be
+        restarted, instead of waiting ``timeout`` for it.
     """
 
     def __init__(self, url: str | Iterable[str], shares: int, *, ordered: bool = True, first: int = 0, credit: int = 4,
                  timeout: float | None = 60.0, noexpand: bool = False, schema: Iterable[Any] | None = None,
-                 curve: Curve | None = None) -> None:
+                 curve: Curve | None = None, watch: Callable[[], None] | None = None) -> None:
         if not (isinstance(shares, int) and shares >= 1):
             raise ValueError(f"shares must be a positive int, got {shares!r}")
         if not (isinstance(credit, int) and credit >= 1):
@@ -118,14 +136,24 @@ class Collector:
         self.position = first  # the next position to hand out, when ordered
         self.schema = schemas.parse_schema(schema)
         self.duplicates = 0  # batches dropped as already received or stale
+        #: how many times a share's producer was replaced by another (a restart) and welcomed
+        self.rejoined = 0
+        self.watch = watch
         self.bad_messages = 0
         self._pending: dict[int, Message] = {}  # position -> message, received but not handed out
         self._arrivals: list[int] = []  # positions in arrival order (unordered mode)
         self._pid = os.getpid()
         self.context = zmq.Context()
         self._auth = curve.authenticator(self.context) if curve is not None else None
-        self.socket = _open(self.context, zmq.ROUTER, self.endpoints, hwm=max(16, 4 * credit * shares), curve=curve)
+        self._bound: list[str] = []
+        self.socket = _open(self.context, zmq.ROUTER, self.endpoints, hwm=max(16, 4 * credit * shares), curve=curve, bound=self._bound)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+
+    @property
+    def addresses(self) -> list[str]:
+        """The addresses the collector is bound at (``tcp://10.0.0.5:41235``), with the port the
+        system chose for a ``*`` port; empty for ``zrpull://`` (it connects)."""
+        return list(self._bound)
 
     def _where(self) -> str:
         return ", ".join(e.url for e in self.endpoints)
@@ -174,6 +202,7 @@ class Collector:
             end = env.fields.get("next")
             if end == share.next:
                 share.end = end
+                self._reply(identity, RECEIVED)
 
     def _share_of(self, identity: bytes, env: envelope.Envelope) -> _Share | None:
         for share in self.shares:
@@ -193,6 +222,7 @@ class Collector:
         share = self.shares[k]
         if share.identity is not None and share.identity != identity:
             log.warning("[hydrax] share %d on %s has a new producer; it resumes at position %d", k, self._where(), share.next)
+            self.rejoined += 1
         share.identity, share.fingerprint, share.heard = identity, fingerprint, time.monotonic()
         waiting = sum(1 for p in self._pending if p % self.count == k % self.count)
         self._reply(identity, WELCOME, first=share.next, credit=max(1, self.credit - waiting))
@@ -252,14 +282,16 @@ class Collector:
                     self._handle(frames)
             # also while other shares keep talking: the one awaited may be the silent one
             self._check_silence()
+            if self.watch is not None:
+                self.watch()
 
     def __iter__(self) -> Iterator[list]:
         return (m.arrays for m in self.messages())
 
     def close(self) -> None:
-        """Close the socket."""
+        """Close the socket (waiting up to a second for the last ``received`` to go out)."""
         if self.socket is not None and os.getpid() == self._pid:
-            self.socket.close(linger=0)
+            self.socket.close(linger=_CLOSE_LINGER_MS)
             if self._auth is not None:
                 self._auth.stop()
             self.context.term()
@@ -331,7 +363,7 @@ class ShareSender:
 
     def end(self, next_position: int) -> None:
         """Send the end marker after the queued batches (``next_position``: the first position this
-        share will not serve) and wait for it to leave."""
+        share will not serve) and wait until the collector confirms it holds them all."""
         self._put(("end", next_position, None))
         self._thread.join(None if self.timeout is None else self.timeout + 15)
         self._raise_error()
@@ -365,6 +397,22 @@ class ShareSender:
             if auth is not None:
                 auth.stop()
             context.term()
+
+    def _await_receipt(self, socket: zmq.Socket) -> None:
+        """Read (and drop) credits until the collector says ``received``: closing before that can
+        lose the last batches (see the module's notes)."""
+        url = self.endpoints[0].url
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while self._abort is None:
+            if socket.poll(POLL_MS, zmq.POLLIN):
+                env = envelope.unpack(socket.recv_multipart()[0])
+                if env.kind == RECEIVED:
+                    return
+                if env.kind == REFUSE:
+                    raise ServeError(f"the collector on {url} refused share {self.share}: {env.fields.get('error')}", url=url)
+            elif deadline is not None and time.monotonic() > deadline:
+                raise PeerTimeoutError(f"the collector on {url} did not confirm the end of share {self.share} within {self.timeout:g} s; "
+                                       "it may not have received the share's last batches", url=url)
 
     def _send(self, socket: zmq.Socket, kind: str, frames: list | None = None, **fields: Any) -> None:
         socket.send_multipart([envelope.pack(kind, p=self.identity.decode(), **fields)] + (frames or []), copy=False)
@@ -406,6 +454,7 @@ class ShareSender:
                 item = self._queue.get_nowait()
                 if kind == "end":
                     self._send(socket, envelope.END, next=item[1])
+                    self._await_receipt(socket)
                     return
                 _, position, frames, fields = item
                 self._send(socket, envelope.DATA, frames, pos=position, **fields)
