@@ -79,7 +79,9 @@ _watching = False
 
 
 def watch_jax_start() -> None:
-    """Start the fork server as soon as JAX initialises a backend, if JAX is imported already.
+    """Start the fork server as soon as JAX initialises a backend (now, if it has), if JAX is
+    imported already; :class:`hydrax.DataGroup` calls it, so only a process that will load data
+    starts a server (not a Ray task that builds shards, nor a script that reads tenbin files).
 
     From that moment on every new run needs the fork server, and starting it then, rather than
     when the run begins, takes the server's imports (JAX and the main module's other modules)
@@ -91,6 +93,10 @@ def watch_jax_start() -> None:
     global _watching
     bridge = sys.modules.get("jax._src.xla_bridge")
     if _watching or bridge is None or mp.parent_process() is not None:
+        return
+    if jax_backend_live():
+        _watching = True
+        _on_backend(None)
         return
     register = getattr(bridge, "register_backend_initialization_hook", None)
     init = getattr(bridge, "_init_backend", None)
@@ -141,8 +147,11 @@ def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
     """
     from multiprocessing import forkserver
 
+    from . import _forkserver
     from ._forkserver import CONFIG_ENV
 
+    if _forkserver.SERVING:
+        return  # the server itself (importing a module that makes a run): never a server of a server
     mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
     server = forkserver._forkserver
     running = getattr(server, "_forkserver_pid", None)

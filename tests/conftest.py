@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from support.shmwatch import SHM, ShmWatch, descendants
+from support.leftovers import new_shm_entries, stray_processes
+from support.shmwatch import SHM
 
 
 def _private_cache() -> None:
@@ -27,32 +28,9 @@ def _private_cache() -> None:
 _private_cache()
 
 
-def multiprocessing_servers() -> set[int]:
-    """The long-lived helpers multiprocessing keeps for the whole process (not leaks)."""
-    from multiprocessing import forkserver, resource_tracker
-
-    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None), getattr(resource_tracker._resource_tracker, "_pid", None)}
-    return {p for p in pids if p}
-
-
-def stray_processes() -> set[int]:
-    """This test run's processes (pytest's descendants) other than multiprocessing's servers:
-    other jobs' processes are never counted."""
-    servers = multiprocessing_servers()
-    return {p for p in descendants() if p not in servers}
-
-
-_SHM_WATCH = ShmWatch()
-
 #: How long a test's processes may take to exit after it ends (a loaded machine is slow to
 #: schedule the exits; a leak is still there after any wait).
 _EXIT_GRACE_S = 60.0
-
-
-def new_shm_entries(before: set[str]) -> set[str]:
-    """Entries of /dev/shm that this test run created since ``before`` and that still exist."""
-    new = set(os.listdir(SHM)) - before
-    return _SHM_WATCH.created_by_us(new) if new else new
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +54,8 @@ def _warm_forkserver() -> None:
     # before JAX initialises: hydrax starts the server without them from then on.
     from hydrax.processes import warm_forkserver
 
-    warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py")])
+    # not test_ray: it imports Ray, which no loader worker needs
+    warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py") if path.stem != "test_ray"])
 
 
 _warm_forkserver()

@@ -37,7 +37,8 @@ EPILOG = """\
 examples:
   hydrax shards build photos/ out/train-%06d.tar --maxsize 1GB --shuffle --seed 1 --workers 4
   hydrax shards build train.csv out/train-%06d.tar --file-column image=jpg
-  hydrax shards build files.txt s3://bucket/data/train-%06d.tar --endpoint-url http://127.0.0.1:9000"""
+  hydrax shards build files.txt s3://bucket/data/train-%06d.tar --endpoint-url http://127.0.0.1:9000
+  hydrax shards build /shared/photos/ s3://bucket/train-%06d.tar --shuffle --ray ray-head:6379"""
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
@@ -78,6 +79,9 @@ def register(shard_commands) -> None:
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip unreadable files and non-images with a warning instead of failing")
     parser.add_argument("--force", action="store_true", help="overwrite existing shards of OUT_PATTERN")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="read, check and write on a Ray cluster (ADDRESS, else RAY_ADDRESS or the one this machine runs, "
+                        "else a local one): the same shards as without; files and a local output must be on a shared file system")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     add_s3_options(parser)
     parser.set_defaults(run=run)
@@ -134,6 +138,30 @@ def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
 
+def _build_on_ray(args: argparse.Namespace, samples, common: dict, advance):
+    """The build split over Ray tasks: a bar while the files are read and checked, then the
+    build's own bar while the shards are written."""
+    from ..ray import build_shards_on_ray
+    from ..ray.runtime import import_ray
+
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init(address=args.ray or None, log_to_driver=False)
+    checking = progress(len(samples), "checking", "sample", args.quiet)
+    open_bars = [checking]
+
+    def written(count: int) -> None:
+        while open_bars:  # the first round is over: its bar goes before the build's own starts
+            open_bars.pop().close()
+        advance(count)
+
+    try:
+        return build_shards_on_ray(samples, args.out, progress=written, probed=checking.update, **common)
+    finally:
+        while open_bars:
+            open_bars.pop().close()
+
+
 def run(args: argparse.Namespace) -> int:
     from ..shards.build import BuildError, build_shards
 
@@ -163,12 +191,13 @@ def run(args: argparse.Namespace) -> int:
         samples = _samples(args, kind, warn)
         total = len(samples)
         check = args.check_images if args.check_images is not None else kind == "folder"
+        common = dict(maxcount=args.maxcount, maxsize=args.maxsize, shuffle_seed=(args.seed or 0) if args.shuffle else None,
+                      check_images=check, skip_bad=args.skip_bad, force=args.force, s3_options=store_options(args), warn=warn)
         try:
-            result = build_shards(
-                samples, args.out, maxcount=args.maxcount, maxsize=args.maxsize,
-                shuffle_seed=(args.seed or 0) if args.shuffle else None, workers=args.workers, check_images=check,
-                skip_bad=args.skip_bad, force=args.force, s3_options=store_options(args), progress=advance, warn=warn,
-            )
+            if args.ray is None:
+                result = build_shards(samples, args.out, workers=args.workers, progress=advance, **common)
+            else:
+                result = _build_on_ray(args, samples, common, advance)
         finally:
             if bar is not None:
                 bar.close()

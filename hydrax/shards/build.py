@@ -691,14 +691,33 @@ class _Output:
         os.unlink(temporary)
         os.unlink(index_path(temporary))
 
-    def finish(self) -> None:
-        """Wait for uploads (then write the folder summary), and remove the temporary folder."""
+    def finish(self, summary: bool = True) -> None:
+        """Wait for uploads (then, with ``summary``, write the folder summary), and remove the
+        temporary folder."""
         while self._uploads:
             self._uploads.popleft().result()
-        if self.remote and self.entries:
-            listed = {info.url: info for info in self.store.list(self.folder + "/")}
-            run_async(update_summary(self.folder, self.entries, listed, self.options))
+        if summary:
+            self.write_summary(self.entries)
         self._close()
+
+    def write_summary(self, entries: Sequence[ShardEntry]) -> None:
+        """Add ``entries`` to the folder summary of a remote pattern (nothing for a local one)."""
+        if self.remote and entries:
+            listed = {info.url: info for info in self.store.list(self.folder + "/")}
+            run_async(update_summary(self.folder, entries, listed, self.options))
+
+    def remove(self, numbers: Iterable[int]) -> None:
+        """Delete the shards of these numbers and their indexes, where they exist."""
+        for number in numbers:
+            final = self.pattern % number
+            for path in (final, index_path(final) if not self.remote else final + INDEX_SUFFIX):
+                try:
+                    if self.remote:
+                        self.store.delete(path)
+                    elif os.path.exists(path):
+                        os.unlink(path)
+                except Exception:  # noqa: BLE001 - best effort: the failure being cleaned up matters more
+                    pass
 
     def abort(self) -> None:
         """Remove everything this build wrote: temporary files and finished shards."""
@@ -889,10 +908,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
     output = _Output(pattern, s3_options)
     writer = None
     try:
-        existing = output.existing()
-        if existing and not force:
-            raise BuildError(f"{existing[0]}: exists{f' (and {len(existing) - 1} more files of the pattern)' if len(existing) > 1 else ''}; "
-                             "the build would overwrite it (--force overwrites)")
+        existing = _refuse_existing(output, force)
         if shuffle_seed is not None:
             samples = shuffled(samples, shuffle_seed)
         writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish)
@@ -906,8 +922,132 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
             writer.abort()
         output.abort()
         raise
-    stale = sorted(set(existing) - {p for f in output.published for p in (f, index_path(f))})
+    warn_stale(existing, output.published, warn)
+    return BuildReport(list(output.published), written, payload, output.sizes, time.perf_counter() - started, skipped)
+
+
+def _refuse_existing(output: _Output, force: bool) -> list[str]:
+    existing = output.existing()
+    if existing and not force:
+        raise BuildError(f"{existing[0]}: exists{f' (and {len(existing) - 1} more files of the pattern)' if len(existing) > 1 else ''}; "
+                         "the build would overwrite it (--force overwrites)")
+    return existing
+
+
+def warn_stale(existing: Sequence[str], published: Sequence[str], warn: Callable[[str], Any]) -> None:
+    """Warn about files of the pattern from before the build that it did not overwrite."""
+    stale = sorted(set(existing) - {p for f in published for p in (f, index_path(f), f + INDEX_SUFFIX)})
     if stale:
         warn(f"{len(stale)} files of the pattern from before remain ({stale[0]}, ...): delete them, or "
              "readers of the pattern will read them too")
-    return BuildReport(list(output.published), written, payload, output.sizes, time.perf_counter() - started, skipped)
+
+
+# --- a build split into parts (hydrax.ray) ------------------------------------------------------
+#
+# A split build is the whole build's output, shard for shard: first every sample is read (and
+# checked) to learn its payload, then the shard boundaries ShardWriter would choose are computed
+# in one place, then each part writes whole shards from its first number on. Nothing but the
+# samples' order and sizes decides a boundary, so the parts agree with one writer.
+
+
+def payload_size(loaded: Mapping[str, Any]) -> int:
+    """The bytes :meth:`ShardWriter.write <hydrax.shards.ShardWriter.write>` counts against
+    ``maxsize`` for a sample: its fields' bytes (text as UTF-8), names starting with ``_`` aside."""
+    return sum(len(value.encode("utf-8")) if isinstance(value, str) else len(value)
+               for name, value in loaded.items() if not name.startswith("_"))
+
+
+def probe_samples(samples: Sequence[SourceSample], check_images: bool) -> list[int | str]:
+    """Read (and with ``check_images`` decode) each sample: its payload size, or why it cannot
+    be written (a :class:`BuildError`'s words)."""
+    out: list[int | str] = []
+    for sample in samples:
+        loaded = _load(sample, check_images)
+        out.append(str(loaded) if isinstance(loaded, BuildError) else payload_size(loaded))
+    return out
+
+
+def shard_bounds(sizes: Sequence[int], maxcount: int, maxsize: float) -> list[tuple[int, int]]:
+    """``(first, end)`` of each shard one :class:`~hydrax.shards.ShardWriter` writes for samples
+    of these payload sizes, in order: a shard ends once it holds ``maxcount`` samples or
+    ``maxsize`` bytes."""
+    bounds: list[tuple[int, int]] = []
+    first = count = payload = 0
+    for number, size in enumerate(sizes):
+        if number and (count >= maxcount or payload >= maxsize):
+            bounds.append((first, number))
+            first, count, payload = number, 0, 0
+        count += 1
+        payload += size
+    if sizes:
+        bounds.append((first, len(sizes)))
+    return bounds
+
+
+@dataclass
+class PartReport:
+    """What :func:`write_shard_range` wrote: the shards' paths or URLs, their index entries
+    (remote), field bytes and shard bytes."""
+
+    shards: list[str]
+    entries: list[ShardEntry]
+    payload_bytes: int
+    shard_bytes: int
+
+
+def check_output(pattern: str, s3_options: S3Options | StoreOptions | None, force: bool) -> list[str]:
+    """The files of ``pattern`` that exist; :class:`BuildError` if any do and not ``force``."""
+    _parse_pattern(pattern)
+    output = _Output(pattern, s3_options)
+    try:
+        return _refuse_existing(output, force)
+    finally:
+        output.abort()
+
+
+def write_shard_range(samples: Sequence[SourceSample], pattern: str, first_shard: int, shards: int, *, maxcount: int,
+                      maxsize: float, s3_options: S3Options | StoreOptions | None = None) -> PartReport:
+    """Write ``samples`` as the ``shards`` shards numbered from ``first_shard`` on, exactly as a
+    whole build writes them when its shard ``first_shard`` starts with ``samples[0]``; no folder
+    summary (see :func:`write_folder_summary`). A part that fails removes what it wrote; one whose
+    files no longer give the planned shards (changed since they were probed) is a :class:`BuildError`."""
+    output = _Output(pattern, s3_options)
+    writer = None
+    try:
+        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, start_shard=first_shard, post=output.publish)
+        payload = 0
+        for sample in samples:
+            loaded = _load(sample, False)
+            if isinstance(loaded, BuildError):
+                raise loaded
+            payload += writer.write(loaded)
+        writer.close()
+        if writer.shard - first_shard != shards:
+            raise BuildError(f"the samples of shards {first_shard}..{first_shard + shards - 1} of {pattern} make "
+                             f"{writer.shard - first_shard} shards now, not {shards}: their files changed during the build")
+        output.finish(summary=False)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        output.abort()
+        raise
+    return PartReport(list(output.published), list(output.entries), payload, output.sizes)
+
+
+def write_folder_summary(pattern: str, entries: Sequence[ShardEntry], s3_options: S3Options | StoreOptions | None = None) -> None:
+    """Add the shards of ``entries`` to the folder summary beside a remote ``pattern`` (what a
+    whole build does at its end); nothing for a local pattern."""
+    output = _Output(pattern, s3_options)
+    try:
+        output.write_summary(entries)
+    finally:
+        output._close()
+
+
+def remove_shards(pattern: str, numbers: Iterable[int], s3_options: S3Options | StoreOptions | None = None) -> None:
+    """Delete the shards of ``pattern`` with these numbers, and their indexes (a failed split build)."""
+    output = _Output(pattern, s3_options)
+    try:
+        output.remove(numbers)
+    finally:
+        output._close()

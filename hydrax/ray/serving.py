@@ -1,4 +1,4 @@
-"""Producers on a Ray cluster feeding one trainer: :func:`serve_on_ray` (``pip install 'hydrax[ray]'``).
+"""Producers on a Ray cluster feeding one trainer: :func:`serve_on_ray`.
 
 Each producer is a Ray actor that builds its own :class:`hydrax.Dataloader` from the user's
 ``make_loader`` and serves one share of the run in reliable mode (:func:`hydrax.serve.serve` with
@@ -21,21 +21,14 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
-from .errors import ServeError
-from .serve import Collector, Message, ServeReport, serve
+from ..errors import ServeError
+from ..serve import Collector, Message, ServeReport, serve
+from .runtime import import_ray
 
 log = logging.getLogger(__name__)
 
 #: How often (seconds) a waiting trainer asks Ray whether a producer has ended.
 WATCH_SECONDS = 0.5
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError as exc:  # an optional extra
-        raise ImportError("hydrax.ray needs Ray: pip install 'hydrax[ray]'") from exc
-    return ray
 
 
 def _set_niceness(nice: int | None) -> None:
@@ -81,7 +74,7 @@ class Producer:
 
     def node(self) -> str:
         """The Ray node the actor runs on."""
-        return _ray().get_runtime_context().get_node_id()
+        return import_ray().get_runtime_context().get_node_id()
 
 
 class Source:
@@ -115,7 +108,7 @@ class Source:
         if now - self._checked < WATCH_SECONDS:
             return
         self._checked = now
-        ray = _ray()
+        ray = import_ray()
         done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
         for ref in done:
             share = self._runs.index(ref)
@@ -130,7 +123,7 @@ class Source:
             if not message.fields.get("validation") and message.batch is not None:
                 self.next_start = (message.epoch, message.batch + 1)
             yield message
-        self._reports = _ray().get(self._runs)
+        self._reports = import_ray().get(self._runs)
 
     @property
     def reports(self) -> list[ServeReport] | None:
@@ -139,7 +132,7 @@ class Source:
 
     def close(self) -> None:
         """Stop the producers' actors (for good) and close the collector."""
-        ray = _ray()
+        ray = import_ray()
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
@@ -187,7 +180,7 @@ def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, pro
         a plain ``serve`` process would. Raising a priority needs the right to (root, or
         ``RLIMIT_NICE``): without it they stay at Ray's, with a warning. None: leave Ray's.
     """
-    ray = _ray()
+    ray = import_ray()
     if not (isinstance(producers, int) and producers >= 1):
         raise ValueError(f"producers must be a positive int, got {producers!r}")
     if not ray.is_initialized():
