@@ -20,3 +20,7 @@ __all__ = [
     "ArrayLayout", "ArraySpec", "Batch", "BatchFailedError", "BatchTimeoutError", "CheckpointMismatchError", "DataGroup", "Dataloader", "LoaderFunc",
     "Mixture", "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
 ]
+
+from .processes import watch_jax_start as _watch_jax_start
+
+_watch_jax_start()

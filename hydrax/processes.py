@@ -76,27 +76,25 @@ def start_method() -> str:
 
 
 _watching = False
+#: Set by Ray's raylet in the processes it starts for tasks and actors (never in a driver).
+RAY_WORKER_ENV = "RAY_RAYLET_PID"
 
 
 def watch_jax_start() -> None:
-    """Start the fork server as soon as JAX initialises a backend (now, if it has), if JAX is
-    imported already; :class:`hydrax.DataGroup` calls it, so only a process that will load data
-    starts a server (not a Ray task that builds shards, nor a script that reads tenbin files).
+    """Start the fork server as soon as JAX initialises a backend, if JAX is imported already.
 
     From that moment on every new run needs the fork server, and starting it then, rather than
     when the run begins, takes the server's imports (JAX and the main module's other modules)
     off the time to the first batch (a training script usually spends seconds between
-    initialising JAX and its first loader). Not while a run is loading: its workers need the CPU.
+    initialising JAX and its first loader). Not while a run is loading: its workers need the CPU;
+    nor in a Ray worker, whose tasks (a shard build's) import hydrax without loading through it:
+    each one started a server. A Dataloader made there starts the server when it needs one.
     Uses jax's ``register_backend_initialization_hook`` where it exists, else wraps the private
     ``_init_backend`` (jax 0.12 dropped the hook); with neither, nothing happens.
     """
     global _watching
     bridge = sys.modules.get("jax._src.xla_bridge")
     if _watching or bridge is None or mp.parent_process() is not None:
-        return
-    if jax_backend_live():
-        _watching = True
-        _on_backend(None)
         return
     register = getattr(bridge, "register_backend_initialization_hook", None)
     init = getattr(bridge, "_init_backend", None)
@@ -119,7 +117,7 @@ def _on_backend(_backend) -> None:
     # Runs inside JAX's backend initialisation: start a process, call nothing of JAX.
     from . import _forkserver
 
-    if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING:
+    if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING or RAY_WORKER_ENV in os.environ:
         return
     if any(t.name == PIPELINE_THREAD for t in threading.enumerate()):
         # A run is loading (its first batch is what initialises JAX): the server's imports would
