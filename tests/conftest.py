@@ -1,6 +1,5 @@
 """Shared checks: every test must leave none of its processes and nothing of its own in /dev/shm behind."""
 
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -8,8 +7,7 @@ import time
 
 import pytest
 
-from support.leftovers import new_shm_entries, stray_processes
-from support.shmwatch import SHM
+from support.leftovers import assert_nothing_left, snapshot
 
 
 def _private_cache() -> None:
@@ -37,15 +35,9 @@ _EXIT_GRACE_S = 60.0
 def no_leftovers():
     """Every test must leave none of its own processes running and none of its own /dev/shm
     entries behind; what other jobs on the machine do is not counted."""
-    shm_before = set(os.listdir(SHM))
-    strays_before = stray_processes()
+    before = snapshot()
     yield
-    deadline = time.monotonic() + _EXIT_GRACE_S
-    while (stray_processes() - strays_before or mp.active_children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not mp.active_children(), "a test left multiprocessing children running"
-    assert stray_processes() - strays_before == set(), "a test left processes running"
-    assert new_shm_entries(shm_before) == set(), "a test left files in /dev/shm"
+    assert_nothing_left(before, _EXIT_GRACE_S)
 
 
 def _warm_forkserver() -> None:

@@ -285,10 +285,10 @@ def reap():
             process.communicate()
 
 
-def serve_share(shards, port, share, processes):
+def serve_share(shards, port, share, processes, *options):
     """``hydrax serve`` of share ``share`` ("K/N") of the module's run, into a collector on ``port``
     (the process is added to ``processes``)."""
-    process = start("serve", shards, f"zpush://127.0.0.1:{port}", *SHARE_OPTIONS, "--share", share, "--report", "0")
+    process = start("serve", shards, f"zpush://127.0.0.1:{port}", *SHARE_OPTIONS, "--share", share, "--report", "0", *options)
     processes.append(process)
     return process
 
@@ -336,9 +336,11 @@ def test_two_shares_serve_the_run_once_in_its_order(share_shards, one_share_run,
 
     port = free_port()
     with Collector(f"zpull://127.0.0.1:{port}", 2, timeout=slack(60)) as collector:
-        processes = [serve_share(share_shards, port, f"{k}/2", reap) for k in range(2)]
+        # share 1 sends through shared memory (the collector is on its host), share 0 through the socket
+        processes = [serve_share(share_shards, port, f"{k}/2", reap, *["--shared-memory"] * k) for k in range(2)]
         rows = [share_row(m) for m in collector.messages()]
         assert collector.duplicates == 0
+        assert collector.shared_batches == SHARE_BATCHES // 2
     for k, process in enumerate(processes):
         status, out, err = finish(process)
         assert status == 0, err
@@ -406,8 +408,8 @@ def test_reliable_mode_refuses_what_does_not_apply(share_shards):
          f"--share serves a Collector: use a zpush://COLLECTOR:PORT or zrpush://0.0.0.0:PORT URL, not zpub://127.0.0.1:{port}"),
         (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--protocol", "hydrax", "--hwm", "2"), 2,
          "--protocol and --hwm do not apply with --share"),
-        (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--shared-memory", "10"), 2,
-         "--shared-memory does not apply with --share"),
+        (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--share", "1/2", "--shared-memory", "-1"), 2,
+         "--shared-memory must be a size in megabytes, got -1"),
         (("serve", share_shards, f"zpush://127.0.0.1:{port}", "--shared-memory"), 2,
          f"--shared-memory needs --protocol hydrax and a zpush:// or zrpush:// URL (its consumers, on this host, read hydrax "
          f"messages), not tensorcom on zpush://127.0.0.1:{port}"),

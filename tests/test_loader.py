@@ -1,6 +1,7 @@
 """Dataloader end to end, with real worker processes and real JAX."""
 
 import os
+import threading
 import time
 
 import jax
@@ -514,7 +515,16 @@ def test_no_file_descriptors_leak_across_runs():
         run(end_at=("epoch", 1))
     gc.collect()
     after = set(os.listdir("/proc/self/fd"))
-    assert after <= before and len(after) <= len(before), sorted(after - before)
+
+    def target(fd):
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return "(closed)"
+
+    # what each new descriptor is, and the threads that may hold it, should this ever fail
+    assert after <= before and len(after) <= len(before), ({fd: target(fd) for fd in sorted(after - before)},
+                                                           [t.name for t in threading.enumerate()])
 
 
 @pytest.mark.cpu_only

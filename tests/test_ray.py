@@ -20,8 +20,7 @@ import pytest
 
 from hydrax.errors import ServeError
 from support import ray_producers
-from support.leftovers import new_shm_entries, stray_processes
-from support.shmwatch import SHM
+from support.leftovers import assert_nothing_left, snapshot
 from support.timing import slack
 from test_serve_reliable import local_run, remote_row
 
@@ -55,28 +54,13 @@ def idle_ray_workers(pids: set[int]) -> set[int]:
     return idle
 
 
-def describe(pids: set[int]) -> list[str]:
-    out = []
-    for pid in sorted(pids):
-        try:
-            out.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ')[:80].decode(errors='replace')}")
-        except OSError:
-            out.append(f"{pid} (gone)")
-    return out
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers():
     """conftest's check, except for the idle workers Ray keeps for its next tasks: a test's
     actors, their loaders and its tasks' work must be gone."""
-    shm_before = set(os.listdir(SHM))
-    before = stray_processes()
+    before = snapshot()
     yield
-    deadline = time.monotonic() + 60
-    while (left := stray_processes() - before) - idle_ray_workers(left) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert left - idle_ray_workers(left) == set(), f"a test left processes running: {describe(left - idle_ray_workers(left))}"
-    assert new_shm_entries(shm_before) == set(), "a test left files in /dev/shm"
+    assert_nothing_left(before, 60, expected=idle_ray_workers)
 
 
 def rows_of(source) -> list[tuple]:
@@ -90,6 +74,14 @@ def test_four_producers_give_the_local_run():
     assert rows == local_run()
     assert len(source.reports) == 4 and sum(report.batches for report in source.reports) == len(rows)
     assert source.next_start == (1, 10)
+    # every actor is on the trainer's node: the batches came through shared memory, not TCP
+    assert sum(report.shared_batches for report in source.reports) == source.collector.shared_batches > len(rows) // 2
+
+
+def test_producers_asked_for_tcp_send_through_the_socket():
+    source = serve_on_ray(ray_producers.make_loader, producers=2, num_cpus=0.25, timeout=slack(60), shared_memory=None)
+    assert rows_of(source) == local_run()
+    assert source.collector.shared_batches == 0
 
 
 def test_an_actor_killed_mid_epoch_is_restarted_and_nothing_is_lost_or_repeated():
@@ -239,3 +231,108 @@ def test_the_build_command_runs_on_ray(tmp_path):
     tars = sorted(p.name for p in (tmp_path / "local").glob("*.tar"))
     assert len(tars) == 9 and tars == sorted(p.name for p in (tmp_path / "ray").glob("*.tar"))
     assert all((tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes() for name in tars)
+
+
+def test_a_build_on_ray_retries_a_task_whose_store_did_not_answer(tmp_path, s3_store):
+    # The store's own retries are off (max_attempts=1), so the reset upload fails its task, and
+    # only Ray's retry of that task can finish the build.
+    from hydrax.ray import build_shards_on_ray
+    from hydrax.shards import S3Options
+    from support.netproxy import Proxy
+
+    endpoint, client = s3_store
+    port = int(endpoint.rsplit(":", 1)[1])
+    samples = many_samples(tmp_path / "files", count=80)
+    with Proxy("127.0.0.1", port, delay=0) as proxy:
+        options = S3Options(endpoint_url=proxy.url, access_key_id="testing", secret_access_key="testing", region="us-east-1",
+                            max_attempts=1)
+        proxy.reset_next(1, match=r"/data/ray/t-0002\.tar$", method="PUT")
+        report = build_shards_on_ray(samples, "s3://data/ray/t-%04d.tar", maxcount=20, s3_options=options, chunk=20)
+        assert proxy.fired["reset"] == 1
+    local = tmp_path / "local"
+    from hydrax.shards.build import build_shards
+
+    build_shards(samples, str(local / "t-%04d.tar"), maxcount=20)
+    assert len(report.shards) == 4
+    for number in range(4):
+        body = client.get_object(Bucket="data", Key=f"ray/t-{number:04d}.tar")["Body"].read()
+        assert body == (local / f"t-{number:04d}.tar").read_bytes(), number
+
+
+# -- indexes on Ray ----------------------------------------------------------------------------
+
+@pytest.fixture
+def indexed_shards(tmp_path):
+    """Eight local shards, with the index ``hydrax shards index`` writes for each (bytes by name)."""
+    from hydrax.shards import index_file
+    from hydrax.shards.build import build_shards
+
+    report = build_shards(many_samples(tmp_path / "files", count=160), str(tmp_path / "shards" / "t-%04d.tar"), maxcount=20,
+                          warn=lambda _: None)
+    expected = {}
+    for shard in report.shards:
+        assert index_file(shard, force=True).problem is None
+        expected[shard] = Path(shard + ".hidx").read_bytes()
+        os.unlink(shard + ".hidx")
+    return report.shards, expected
+
+
+def test_indexes_on_ray_are_the_local_commands_and_a_bad_shard_is_named(tmp_path, indexed_shards):
+    from hydrax.ray import index_files_on_ray
+
+    shards, expected = indexed_shards
+    bad = tmp_path / "shards" / "bad.tar"
+    bad.write_bytes(b"not a tar file" * 100)
+    done = []
+    results = index_files_on_ray([*shards, str(bad)], chunk=3, progress=done.append)
+    assert [r.samples for r in results] == [20] * 8 + [0] and sum(done) == 9 and len(done) == 3
+    assert results[-1].problem is not None and "bad.tar" in results[-1].problem
+    assert all(Path(shard + ".hidx").read_bytes() == expected[shard] for shard in shards)
+    # the second time only what changed is rebuilt: one stale index
+    os.utime(shards[2], ns=(1, 1))
+    again = index_files_on_ray(shards, chunk=3)
+    assert [r.samples for r in again] == [0, 0, 20, 0, 0, 0, 0, 0] and "its index was stale" in again[2].rebuilt
+
+
+def test_index_objects_on_ray_survive_a_store_that_did_not_answer(tmp_path, indexed_shards, s3_store):
+    from hydrax.ray import publish_indexes_on_ray
+    from hydrax.shards import S3Options, publish_indexes
+    from support.netproxy import Proxy
+
+    shards, _ = indexed_shards
+    endpoint, client = s3_store
+    for shard in shards:
+        client.upload_file(shard, "data", f"idx/{Path(shard).name}")
+    urls = [f"s3://data/idx/{Path(shard).name}" for shard in shards]
+
+    def objects():
+        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="idx/")["Contents"])
+        return {key: client.get_object(Bucket="data", Key=key)["Body"].read() for key in keys if not key.endswith(".tar")}
+
+    port = int(endpoint.rsplit(":", 1)[1])
+    with Proxy("127.0.0.1", port, delay=0) as proxy:
+        options = S3Options(endpoint_url=proxy.url, access_key_id="testing", secret_access_key="testing", region="us-east-1",
+                            max_attempts=1)
+        proxy.reset_next(1, match=r"/data/idx/t-0005\.tar$", method="GET")
+        entries = publish_indexes_on_ray(urls, options, chunk=3)
+        assert proxy.fired["reset"] == 1
+    on_ray = objects()
+    assert [e.samples for e in entries] == [20] * 8 and all(e.index is None and e.version for e in entries)
+    local_options = S3Options(endpoint_url=endpoint, access_key_id="testing", secret_access_key="testing", region="us-east-1")
+    publish_indexes(urls, local_options, force=True)
+    local = objects()
+    assert sorted(on_ray) == sorted(local) == sorted([f"idx/t-{k:04d}.tar.hidx" for k in range(8)] + ["idx/hydrax-index.json"])
+    assert on_ray == local  # the index objects byte for byte, and one summary listing all eight
+
+
+def test_the_index_command_runs_on_ray(indexed_shards):
+    shards, expected = indexed_shards
+    address = ray.get_runtime_context().gcs_address
+    done = subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", *shards, "--ray", address],
+                          capture_output=True, text=True, timeout=slack(180))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "indexed 8 of 8 shards (160 samples newly indexed)"
+    assert all(Path(shard + ".hidx").read_bytes() == expected[shard] for shard in shards)
+    refused = subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", *shards, "--ray", address, "--workers", "2"],
+                             capture_output=True, text=True, timeout=slack(60))
+    assert refused.returncode == 2 and "--workers does not apply with --ray" in refused.stderr

@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import zmq
 
+from hydrax import tenbin
 from hydrax.errors import PeerTimeoutError, SchemaError
 from hydrax.schedule import stream_positions
 from hydrax.serve import Collector, Curve, curve_keypair, envelope
 from hydrax.serve.reliable import ShareSender
+from hydrax.serve.sharedmem import host_identity
 from support.serve_share_job import make_loader
 from support.timing import slack
 
@@ -134,6 +136,112 @@ def test_sigkilled_producer_restarts_and_nothing_is_lost_or_repeated():
     # the replacement served only what share 1 had not delivered (13 batches in all)
     served = int(out.split()[-1])
     assert 0 < served < 13
+
+
+@pytest.mark.slow
+def test_shares_on_the_collectors_host_send_through_shared_memory_and_survive_a_sigkill():
+    url = f"zpush://127.0.0.1:{free_port()}"
+    shm = {"HYDRAX_TEST_SHARED_MEMORY": "1"}
+    processes = [producer(url, 0, 2, delay=0.01, env=shm), producer(url, 1, 2, delay=0.01, env=shm)]
+    rows, writable = [], set()
+    with Collector(url.replace("zpush", "zpull"), 2, timeout=slack(60), credit=2) as collector:
+        for message in collector.messages():
+            rows.append(remote_row(message))
+            writable.update(a.flags.writeable for a in message.arrays)
+            if len(rows) == 7 and processes[1].poll() is None and len(processes) == 2:
+                processes[1].send_signal(signal.SIGKILL)
+                processes[1].wait(slack(10))
+                processes.append(producer(url, 1, 2, env=shm))
+        shared = collector.shared_batches
+    out, _ = processes[-1].communicate(timeout=slack(60))
+    finish(processes[:-1])
+    assert rows == local_run()
+    assert len(processes) == 3 and collector.rejoined == 1
+    # the ring carried the batches (one that finds the ring full goes through the socket)
+    assert shared > len(rows) // 2 and writable == {False}
+    assert int(out.split()[-3]) > 0  # "shared N served M": the replacement used a ring of its own
+
+
+class Stop(Exception):
+    pass
+
+
+def serving(collector: Collector, got: list) -> tuple[threading.Thread, threading.Event]:
+    """A thread that runs ``collector`` into ``got`` until its stream ends or the event is set."""
+    stop = threading.Event()
+
+    def watch():
+        if stop.is_set():
+            raise Stop
+
+    def run():
+        try:
+            got.extend((m.seq, m.arrays[0].tolist()) for m in collector.messages())
+        except Stop:
+            pass
+
+    collector.watch = watch
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, stop
+
+
+def test_shared_memory_is_offered_only_to_a_producer_on_the_collectors_host():
+    address = f"127.0.0.1:{free_port()}"
+    collector = Collector(f"zpull://{address}", 2, timeout=slack(30))
+    thread, stop = serving(collector, [])
+    context = zmq.Context()
+    try:
+        answers = []
+        for share, host in ((0, host_identity()), (1, "another-boot/4026531836/1000")):
+            dealer = context.socket(zmq.DEALER)
+            dealer.connect(f"tcp://{address}")
+            dealer.send(envelope.pack("hello", share=share, shares=2, fingerprint="run", host=host))
+            assert dealer.poll(slack(10) * 1000)
+            answers.append(envelope.unpack(dealer.recv()).fields)
+            dealer.close(linger=0)
+    finally:
+        stop.set()
+        thread.join(slack(30))
+        collector.close()
+        context.term()
+    assert answers[0]["shm"] is True and answers[1]["shm"] is False
+    assert answers[0]["window"] == 4
+
+
+def test_a_batch_whose_ring_cannot_be_mapped_is_not_received_and_its_share_resumes():
+    # A producer killed before the collector mapped its ring leaves messages that point at a ring
+    # nobody can open: the collector must drop them (refusing their sender) and wait for the
+    # restarted producer, not fail the run or count the batch as received.
+    address = f"127.0.0.1:{free_port()}"
+    collector = Collector(f"zpull://{address}", 1, credit=4, timeout=slack(30))
+    got = []
+    thread, _ = serving(collector, got)
+    context = zmq.Context()
+    try:
+        ghost = context.socket(zmq.DEALER)
+        ghost.connect(f"tcp://{address}")
+        ghost.send(envelope.pack("hello", share=0, shares=1, fingerprint="run", host=host_identity()))
+        assert envelope.unpack(ghost.recv()).fields["shm"] is True
+        header = tenbin.encode_list([np.full(4, 7)], ["x"])[0]
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+        ghost.send_multipart([envelope.pack("data", pos=0, m={"t": "ab" * 16, "pid": int(dead), "fd": 3, "e": 1, "g": 1, "o": [0]}),
+                              header])
+        refused = envelope.unpack(ghost.recv())
+        assert refused.kind == "refuse" and "could not map" in refused.fields["error"]
+        ghost.close(linger=0)
+        sender = ShareSender(f"zpush://{address}", 0, 1, "run", timeout=slack(30), shared_memory=True)
+        assert sender.start() == 0  # the dropped batch is still the first one wanted
+        for position in range(3):
+            sender.put(position, [np.full(4, position)], ["x"], {})
+        sender.end(3)
+        assert sender.shared_batches == 3
+    finally:
+        thread.join(slack(30))
+        collector.close()
+        context.term()
+    assert got == [(k, [k] * 4) for k in range(3)]
+    assert collector.shared_batches == 3 and collector.rejoined == 1
 
 
 @pytest.mark.slow

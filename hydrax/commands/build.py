@@ -142,11 +142,9 @@ def _build_on_ray(args: argparse.Namespace, samples, common: dict, advance):
     """The build split over Ray tasks: a bar while the files are read and checked, then the
     build's own bar while the shards are written."""
     from ..ray import build_shards_on_ray
-    from ..ray.runtime import import_ray
+    from ..ray.runtime import connect
 
-    ray = import_ray()
-    if not ray.is_initialized():
-        ray.init(address=args.ray or None, log_to_driver=False)
+    connect(args.ray, log_to_driver=False)
     checking = progress(len(samples), "checking", "sample", args.quiet)
     open_bars = [checking]
 

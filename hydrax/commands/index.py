@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 
 from ._common import add_s3_options, count, progress, report, store_options
 
@@ -20,7 +19,8 @@ def register(shard_commands) -> None:
         epilog="example: hydrax shards index --workers 4 'data/train-{0000..0099}.tar'\n"
                "more:\n"
                "  hydrax shards index 's3://bucket/train/train-*.tar' --manifest s3://bucket/train/train.json\n"
-               "  hydrax shards index --endpoint-url http://127.0.0.1:9000 's3://bucket/train-{0000..0999}.tar'",
+               "  hydrax shards index --endpoint-url http://127.0.0.1:9000 's3://bucket/train-{0000..0999}.tar'\n"
+               "  hydrax shards index 's3://bucket/train/train-*.tar' --ray ray-head:6379",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("shards", nargs="+", help="shard paths, globs, brace patterns (train-{0000..0099}.tar) or s3://, gs://, http(s):// or hf://datasets/ORG/NAME[@REV]/ URLs")
@@ -30,46 +30,12 @@ def register(shard_commands) -> None:
                         help="index N shards at a time in worker processes (default 1: in this process)")
     parser.add_argument("--manifest", metavar="PATH_OR_URL",
                         help="also write a dataset manifest (wids descriptor) listing the shards, their sizes and sample counts")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="index on a Ray cluster (ADDRESS, else RAY_ADDRESS or the one this machine runs, else a local "
+                        "one), many shards per task: local shards must be on a file system every node mounts at the same path")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     add_s3_options(parser)
     parser.set_defaults(run=run)
-
-
-def index_shard(shard: str, force: bool) -> tuple[int, str | None, str | None]:
-    """Index ``shard`` unless it has a current index (or ``force``): (samples newly indexed, the
-    problem in words or None, why an existing index was rebuilt or None). Runs in worker
-    processes, so it returns the problem rather than raising."""
-    from ..shards import ShardFormatError, build_index, index_path
-
-    path = index_path(shard)
-    try:
-        needed, why = (True, None) if force else _needs_index(shard, path)
-        if needed:
-            index = build_index(shard)
-            index.save(path)
-            return len(index), None, why
-        return 0, None, None
-    except (OSError, ShardFormatError) as exc:
-        return 0, str(exc), None
-
-
-def _needs_index(shard: str, path: str) -> tuple[bool, str | None]:
-    """Whether ``shard`` needs its index ``path`` built, and why an existing one will not do. An
-    index will do when it reads and was built for the shard's present size and modification
-    time, as loaders demand (they rescan, or refuse, any other)."""
-    from ..shards import ShardFormatError, ShardIndex
-
-    try:
-        index = ShardIndex.load(path)
-    except FileNotFoundError:
-        return True, None
-    except ShardFormatError as exc:
-        return True, f"its index was damaged ({str(exc).removeprefix(f'{path}: ')})"
-    stat = os.stat(shard)
-    if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
-        return False, None
-    return True, (f"its index was stale (built for a shard of {index.shard_size} bytes modified at {index.shard_mtime_ns} ns; "
-                  f"the shard has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
     from ..errors import HydraxError
-    from ..shards import expand_urls
+    from ..shards import expand_urls, index_file
     from ..shards.store import is_remote
 
     options = store_options(args)
@@ -86,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, HydraxError, NotImplementedError, ValueError) as exc:
         report("shards index", exc)
         return 1
+    if args.ray is not None and args.workers > 1:
+        report("shards index", "--workers does not apply with --ray (Ray's CPUs do the work)")
+        return 2
     if any(is_remote(url) for url in shards):
         return _run_remote(args, shards, options)
-    work = functools.partial(index_shard, force=args.force)
+    work = functools.partial(index_file, force=args.force)
     workers = min(args.workers, len(shards))
     pool = None
     if workers > 1:
@@ -104,8 +73,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Chunks of shards per task keep the pool's overhead small next to a small shard's index;
         # map submits every task (and forks the workers) before the bar starts its monitor thread.
-        outcomes = map(work, shards) if pool is None else pool.map(work, shards, chunksize=max(1, len(shards) // (16 * workers)))
+        if args.ray is None:
+            outcomes = map(work, shards) if pool is None else pool.map(work, shards, chunksize=max(1, len(shards) // (16 * workers)))
         bar = progress(len(shards), "indexing", "shard", args.quiet)
+        step = 1
+        if args.ray is not None:  # the bar moves as Ray's tasks end, before the results are read
+            outcomes, step = _on_ray(args).index_files_on_ray(shards, force=args.force, progress=bar.update), 0
         for shard, (new, problem, why) in zip(shards, outcomes):
             done += 1
             samples += new
@@ -114,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
                 problems.append(problem)
             if why is not None:
                 rebuilt.append(f"{shard}: {why}: rebuilt it")
-            bar.update(1)
+            bar.update(step)
     except BrokenProcessPool:
         failed += len(shards) - done
         problems.append(f"a worker process died; {len(shards) - done} shards were not indexed (try --workers 1)")
+    except (ImportError, HydraxError, OSError) as exc:  # Ray not installed, a task Ray could not run
+        failed += len(shards) - done
+        problems.append(str(exc))
     finally:
         if bar is not None:
             bar.close()
@@ -143,8 +119,11 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
     started = time.perf_counter()
     bar = progress(len(shards), "indexing", "shard", args.quiet)
     try:
-        entries = publish_indexes(shards, options, force=args.force, on_done=lambda _entry: bar.update(1))
-    except (OSError, HydraxError, ValueError) as exc:
+        if args.ray is not None:
+            entries = _on_ray(args).publish_indexes_on_ray(shards, options, force=args.force, progress=bar.update)
+        else:
+            entries = publish_indexes(shards, options, force=args.force, on_done=lambda _entry: bar.update(1))
+    except (OSError, HydraxError, ValueError, ImportError) as exc:
         bar.close()
         report("shards index", exc)
         return 1
@@ -155,6 +134,15 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
         print(f"indexed {len(entries)} shards ({samples} samples) in {time.perf_counter() - started:.2f} s: "
               f"an index object beside each{f'; manifest {args.manifest}' if args.manifest and not failed else ''}")
     return 1 if failed else 0
+
+
+def _on_ray(args: argparse.Namespace):
+    """:mod:`hydrax.ray`, connected to the cluster ``--ray`` names."""
+    from .. import ray as on_ray
+    from ..ray.runtime import connect
+
+    connect(args.ray, log_to_driver=False)
+    return on_ray
 
 
 def _write_manifest(args: argparse.Namespace, shards, options) -> int:

@@ -101,7 +101,7 @@ def register(commands) -> None:
     parser.add_argument("--shared-memory", type=float, nargs="?", const=0.0, metavar="MB",
                         help="consumers on this host: batch data goes through a shared memory ring of MB megabytes "
                              "(default: sized from the batch) instead of the socket; with --protocol hydrax and a "
-                             "zpush/zrpush URL (not with --share)")
+                             "zpush/zrpush URL, or with --share (then only when the collector is on this host)")
     parser.add_argument("--report", type=float, default=10.0, metavar="SECONDS",
                         help="print the rate every SECONDS (default 10; 0: only the summary at the end)")
     add_s3_options(parser)
@@ -121,7 +121,7 @@ def share_arg(text: str) -> tuple[int, int]:
 
 
 #: The options of the plain (unreliable) mode, and their defaults: reliable mode refuses them.
-PLAIN_OPTIONS = {"protocol": "tensorcom", "topic": "train", "subscribers": 0, "hwm": 4, "shared_memory": False}
+PLAIN_OPTIONS = {"protocol": "tensorcom", "topic": "train", "subscribers": 0, "hwm": 4}
 
 
 def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
@@ -130,6 +130,12 @@ def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
     import zmq
 
     given = [name for name in PLAIN_OPTIONS if getattr(args, name) is not None]
+    if args.shared_memory is None:
+        args.shared_memory = False
+    elif args.shared_memory < 0:
+        return f"--shared-memory must be a size in megabytes, got {args.shared_memory:g}", 2
+    else:
+        args.shared_memory = int(args.shared_memory * 1e6) or True
     if args.share is None:
         for name, default in PLAIN_OPTIONS.items():
             if getattr(args, name) is None:
@@ -138,13 +144,9 @@ def check_mode(args: argparse.Namespace, endpoints) -> tuple[str, int] | None:
             return "--subscribers cannot be negative", 2
         if args.hwm < 1:
             return f"--hwm must be at least 1, got {args.hwm}", 2
-        if args.shared_memory is not False:
-            if args.protocol != "hydrax" or endpoints[0].socket_type != zmq.PUSH:
-                return ("--shared-memory needs --protocol hydrax and a zpush:// or zrpush:// URL (its consumers, "
-                        f"on this host, read hydrax messages), not {args.protocol} on {endpoints[0].url}"), 2
-            if args.shared_memory < 0:
-                return f"--shared-memory must be a size in megabytes, got {args.shared_memory:g}", 2
-            args.shared_memory = int(args.shared_memory * 1e6) or True
+        if args.shared_memory is not False and (args.protocol != "hydrax" or endpoints[0].socket_type != zmq.PUSH):
+            return ("--shared-memory needs --protocol hydrax and a zpush:// or zrpush:// URL (its consumers, "
+                    f"on this host, read hydrax messages), not {args.protocol} on {endpoints[0].url}"), 2
         return None
     if given:
         options = " and ".join(f"--{name.replace('_', '-')}" for name in given)
@@ -378,7 +380,7 @@ def _mode(args: argparse.Namespace, dataset) -> tuple[str, dict]:
     mode = f"reliable mode, share {index}/{count}"
     if count > 1:
         mode += f": batches {index}, {index + count}, {index + 2 * count}, ... of the run"
-    return mode, {"share": args.share, "fingerprint": fingerprint}
+    return mode, {"share": args.share, "fingerprint": fingerprint, "shared_memory": args.shared_memory or None}
 
 
 def _serve(args: argparse.Namespace, loader, urls: list[str], options: dict) -> int:

@@ -11,62 +11,22 @@ The build runs in two rounds of tasks, and its output is the local build's, shar
    (:func:`hydrax.shards.build.write_shard_range`), renamed into place or uploaded with their
    index objects; the driver then updates a remote folder's summary once.
 
-Every task is retried by Ray when its worker dies (``max_retries``); a task that fails (a file
-that cannot be read any more, a store that refuses) fails the build, which then removes every
-shard it planned, as a local build removes what it wrote. The files must be readable at the same
+A task is retried when its worker dies or its store did not answer (:mod:`.tasks`); a task that
+fails otherwise (a file that cannot be read any more, a store that refuses) fails the build,
+which then removes every shard it planned, as a local build removes what it wrote. The files must be readable at the same
 paths on every node (a shared file system), and a local output folder must be shared too.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from typing import Any, Callable, Sequence
 
-from ..errors import HydraxError
 from ..shards.build import (BuildError, BuildReport, SourceSample, check_output, probe_samples, remove_shards, shard_bounds, shuffled,
-                            warn_stale, write_folder_summary, write_shard_range)
+                            warn_stale, warner, write_folder_summary, write_shard_range)
 from ..shards.store import S3Options, StoreOptions
-from .runtime import import_ray
-
-log = logging.getLogger(__name__)
-
-#: Task retries when a worker (or its node) dies; a task's own error is not retried.
-TASK_RETRIES = 3
-
-
-def _chunk(count: int, cpus: float, chunk: int | None) -> int:
-    if chunk is not None:
-        return max(1, chunk)
-    # several tasks per CPU, so a slow node does not hold the end back, but not tiny ones
-    return max(64, math.ceil(count / max(1.0, 4 * cpus)))
-
-
-def _gather(ray, refs: list, sizes: list[int], on_done: Callable[[int], Any] | None) -> list:
-    """Each task's result, in order; ``on_done(size)`` as each finishes. A task's error is raised
-    as itself (a :class:`BuildError`, an ``OSError``), not as Ray's wrapper."""
-    results: list = [None] * len(refs)
-    where = {ref: k for k, ref in enumerate(refs)}
-    pending = list(refs)
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                k = where[ref]
-                try:
-                    results[k] = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = getattr(exc, "cause", None)
-                    raise (cause if isinstance(cause, (HydraxError, OSError)) else exc) from None
-                if on_done is not None:
-                    on_done(sizes[k])
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
-    return results
-
+from .runtime import connect
+from .tasks import chunk_size, cluster_cpus, gather, remote
 
 def _plan(samples: Sequence[SourceSample], verdicts: list, skip_bad: bool, warn: Callable[[str], Any]) -> tuple[list, list, list[str]]:
     """The samples to write and their sizes; the bad ones refused or skipped as a local build does."""
@@ -98,20 +58,18 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
         counts the samples written, in the second).
     :param chunk: samples per task (default: about four tasks per CPU of the cluster, at least 64).
     """
-    ray = import_ray()
     started = time.perf_counter()
-    warn = warn or (lambda message: log.warning("[hydrax] %s", message))
+    warn = warner(warn)
     if not samples:
         raise BuildError("no samples to write")
     existing = check_output(pattern, s3_options, force)
-    if not ray.is_initialized():
-        ray.init()
+    connect()
     if shuffle_seed is not None:
         samples = shuffled(samples, shuffle_seed)
-    size = _chunk(len(samples), ray.cluster_resources().get("CPU", 1), chunk)
+    size = chunk_size(len(samples), cluster_cpus(), chunk, 64)
     ranges = [(first, min(first + size, len(samples))) for first in range(0, len(samples), size)]
-    probe = ray.remote(probe_samples).options(max_retries=TASK_RETRIES)
-    verdicts = [v for part in _gather(ray, [probe.remote(samples[a:b], check_images) for a, b in ranges], [b - a for a, b in ranges], probed)
+    probe = remote(probe_samples)
+    verdicts = [v for part in gather([probe.remote(samples[a:b], check_images) for a, b in ranges], [b - a for a, b in ranges], probed)
                 for v in part]
     kept, sizes, skipped = _plan(samples, verdicts, skip_bad, warn)
     if not kept:
@@ -124,11 +82,11 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
             parts.append((number, number + 1))
         else:
             parts[-1] = (parts[-1][0], number + 1)
-    write = ray.remote(write_shard_range).options(max_retries=TASK_RETRIES)
+    write = remote(write_shard_range)
     refs = [write.remote(kept[bounds[a][0]:bounds[b - 1][1]], pattern, a, b - a, maxcount=maxcount, maxsize=maxsize, s3_options=s3_options)
             for a, b in parts]
     try:
-        reports = _gather(ray, refs, [bounds[b - 1][1] - bounds[a][0] for a, b in parts], progress)
+        reports = gather(refs, [bounds[b - 1][1] - bounds[a][0] for a, b in parts], progress)
         write_folder_summary(pattern, [entry for report in reports for entry in report.entries], s3_options)
     except BaseException:
         remove_shards(pattern, range(len(bounds)), s3_options)

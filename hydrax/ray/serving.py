@@ -9,7 +9,9 @@ constructor arguments, so no port is ever written down.
 Failures are Ray's to repair and the collector's to make invisible: an actor that dies is
 restarted by Ray (``max_restarts``), which runs its ``run`` task again (``max_task_retries``); the
 new producer says hello, is welcomed at the first batch of its share the collector lacks, and
-the trainer sees every batch once, in the local run's order. An actor Ray cannot restart, or a
+the trainer sees every batch once, in the local run's order. Producers on the trainer's node send
+through shared memory (``shared_memory``), found out by the collector, not by Ray's placement.
+An actor Ray cannot restart, or a
 producer whose loader fails, ends the trainer's iteration with a :class:`~hydrax.errors.ServeError`
 naming the share, within about a second.
 """
@@ -71,10 +73,6 @@ class Producer:
         _set_niceness(options.pop("nice", None))
         loader = self.make_loader() if self.start_at is None else self.make_loader(start_at=self.start_at)
         return serve(loader, self.url, share=self.share, **options)
-
-    def node(self) -> str:
-        """The Ray node the actor runs on."""
-        return import_ray().get_runtime_context().get_node_id()
 
 
 class Source:
@@ -150,7 +148,7 @@ class Source:
 def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, producers: int, num_cpus: float = 1,
                  resources: dict[str, float] | None = None, max_restarts: int = -1, start_at: tuple[int, int] | None = None,
                  fingerprint: str = "", timeout: float | None = 60.0, credit: int = 4, arrays: list[str] | None = None,
-                 items: bool = True, nice: int | None = 0) -> Source:
+                 items: bool = True, nice: int | None = 0, shared_memory: int | bool | None = True) -> Source:
     """Start ``producers`` Ray actors that serve one run to this process; returns its :class:`Source`.
 
     Call it on the trainer, after ``ray.init(...)`` (it calls ``ray.init()`` itself when Ray is
@@ -179,6 +177,9 @@ def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, pro
         producers on a busy node (the trainer's) only the CPU nothing else wants; 0 runs them as
         a plain ``serve`` process would. Raising a priority needs the right to (root, or
         ``RLIMIT_NICE``): without it they stay at Ray's, with a warning. None: leave Ray's.
+    :param shared_memory: producers on the trainer's node send through a shared memory ring
+        instead of TCP (the collector tells each whether it shares its host); True sizes the
+        ring from the first batch, an int gives its bytes; None: TCP for all.
     """
     ray = import_ray()
     if not (isinstance(producers, int) and producers >= 1):
@@ -194,7 +195,8 @@ def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, pro
         for wildcard in ("//0.0.0.0:", "//*:", "//[::]:"):
             bound = bound.replace(wildcard, f"//{host}:")
         target = "zpush://" + bound.split("://", 1)[1]
-        options = {"fingerprint": fingerprint, "timeout": timeout, "arrays": arrays, "items": items, "nice": nice}
+        options = {"fingerprint": fingerprint, "timeout": timeout, "arrays": arrays, "items": items, "nice": nice,
+                   "shared_memory": shared_memory}
         remote = ray.remote(Producer).options(num_cpus=num_cpus, resources=resources or {}, max_restarts=max_restarts,
                                              max_task_retries=-1 if max_restarts != 0 else 0)
         actors = [remote.remote(make_loader, target, (k, producers), start_at, options) for k in range(producers)]

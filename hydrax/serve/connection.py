@@ -677,14 +677,12 @@ class Connection:
     def _shared_frames(self, shared: Any, headers: list) -> list:
         """``[header, data, ...]`` for a message whose data is in its producer's ring."""
         try:
-            sizes = [tenbin.data_nbytes(_frame_buffer(h)) for h in headers]
-            buffers = self._mappings.buffers(shared, sizes, self._where())
+            return self._mappings.frames(shared, headers, self._where())
         except (TenbinError, ValueError) as exc:
             raise MessageError(f"message from {self._where()}: {exc}", url=self.endpoints[0].url) from None
         except ServeError as exc:
             exc.url = self.endpoints[0].url
             raise
-        return [frame for pair in zip(headers, buffers) for frame in pair]
 
     def _check_schema(self, described: Any, what: str) -> None:
         if self.schema is None:

@@ -36,6 +36,8 @@ class ServeReport:
     seconds: float = 0.0
     #: False when the run was interrupted before its end (a share is then left open)
     complete: bool = True
+    #: batches whose data went through a shared memory ring rather than the socket
+    shared_batches: int = 0
 
     @property
     def mb_per_second(self) -> float:
@@ -90,7 +92,9 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
         :class:`Connection`).
     :param subscribers: on pub/sub, wait for this many subscribers before the first batch.
     :param shared_memory: consumers on this host: batch data goes through a shared memory ring
-        instead of the socket (see :class:`Connection`; hydrax protocol, zpush/zrpush only).
+        instead of the socket (see :class:`Connection`; hydrax protocol, zpush/zrpush only). With
+        ``share``, the ring is used only when the collector says it is on this host (True, or the
+        ring's size in bytes; default: the socket).
     :param curve: CURVE encryption (:class:`~hydrax.serve.Curve`).
     :param report: log the rate every this many seconds (0: never).
     :param share: ``(index, count)``: reliable mode. This producer serves share ``index`` of
@@ -105,10 +109,8 @@ def serve(dataloader: Any, url: str | Iterable[str], *, arrays: Iterable[str] | 
         it resumes where it stopped (the report's ``complete`` is False).
     """
     if share is not None:
-        if shared_memory:
-            raise ValueError("shared_memory is not available in reliable mode (share=...): its shares send through the socket")
         return _serve_share(dataloader, url, share, arrays=arrays, items=items, timeout=timeout, noexpand=noexpand, curve=curve,
-                            fingerprint=fingerprint)
+                            fingerprint=fingerprint, shared_memory=shared_memory)
     connection = Connection(url, protocol=protocol, topic=topic, timeout=timeout, hwm=hwm, subscribers=subscribers,
                             curve=curve, noexpand=noexpand, max_queued_bytes=max_queued_bytes, shared_memory=shared_memory)
     return _serve_plain(dataloader, connection, arrays=arrays, hydrax=protocol == "hydrax", topic=topic,
@@ -139,6 +141,7 @@ def _serve_plain(dataloader: Any, connection: Connection, *, arrays: Iterable[st
                     del views, batch  # ZeroMQ holds the frames; the slot frees when it lets go
                     result.batches += 1
                     result.bytes = connection.stats.total
+                    result.shared_batches = connection.shared_batches
                     if report and time.monotonic() - last_report >= report:
                         last_report = time.monotonic()
                         log.info("[hydrax] served %d batches, %s", result.batches, connection.stats.summary())
@@ -151,12 +154,12 @@ def _serve_plain(dataloader: Any, connection: Connection, *, arrays: Iterable[st
 
 
 def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, int], *, arrays, items: bool, timeout: float | None,
-                 noexpand: bool, curve: Curve | None, fingerprint: str) -> ServeReport:
+                 noexpand: bool, curve: Curve | None, fingerprint: str, shared_memory: int | bool | None) -> ServeReport:
     index, count = share
     # Shares of different runs must not mix: the schedule's own fingerprint (groups, sizes, seeds,
     # shuffles, start and end), and the caller's words for what the schedule cannot see (the data).
     fingerprint = dataloader.schedule_fingerprint + (f" {fingerprint}" if fingerprint else "")
-    sender = ShareSender(url, index, count, fingerprint, timeout=timeout, noexpand=noexpand, curve=curve)
+    sender = ShareSender(url, index, count, fingerprint, timeout=timeout, noexpand=noexpand, curve=curve, shared_memory=shared_memory)
     first = sender.start()
     dataloader.select_stream(index, count, first)
     positions = stream_positions(index, count, first)
@@ -188,6 +191,7 @@ def _serve_share(dataloader: Any, url: str | Iterable[str], share: tuple[int, in
         result.complete = False
         return result
     sender.end(next(positions))
+    result.shared_batches = sender.shared_batches
     return result
 
 

@@ -21,6 +21,13 @@ The exchange, each message a hydrax envelope (:mod:`.envelope`) with tenbin fram
    the batches it had not read from the connection yet: the last batches of the share, lost
    without a word, before this step existed.
 
+A producer made with ``shared_memory`` says its host (:func:`~.sharedmem.host_identity`) in its
+hello; when it is the collector's, the welcome says ``shm`` and the producer copies each batch into
+a shared memory ring (:mod:`.sharedmem`) and sends only the envelope and tenbin headers. A
+message whose ring the collector cannot map (its producer died before the collector mapped it,
+or closed it) is not received: the collector drops it and refuses that producer, and the share
+resumes from it like after any crash.
+
 A producer that dies loses nothing: its batches in flight were never counted as received, and
 the producer restarted in its place is welcomed at the first missing position. Batches from a
 share's earlier producer, and any position other than the next one expected of the share, are
@@ -44,11 +51,12 @@ import numpy as np
 import zmq
 
 from .. import tenbin
-from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError, TenbinError
+from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError
 from . import envelope, schema as schemas
 from .connection import Message
 from .peers import PeerCount
 from .security import Curve
+from .sharedmem import Mappings, Ring, check_size, host_identity, ring_bytes
 from .urls import Endpoint, parse_urls
 
 log = logging.getLogger(__name__)
@@ -98,6 +106,8 @@ class _Share:
     end: int | None = None  # the first position the share will never serve, once it ended
     heard: float = field(default_factory=time.monotonic)
     fingerprint: str | None = None
+    ring: str | None = None  # the token of the producer's shared memory ring, once it used one
+    shared_batches: int = 0
 
 
 class Collector:
@@ -116,6 +126,10 @@ class Collector:
     :param watch: called about every 100 ms while the collector waits for batches; an exception
         it raises ends the wait. :mod:`hydrax.ray` uses it to notice a producer that cannot be
         restarted, instead of waiting ``timeout`` for it.
+
+    Producers on this host that were made with ``shared_memory`` send their batches through shared
+    memory (no option is needed here); the arrays of such batches are read-only views of the
+    producer's ring, and :attr:`shared_batches` counts them.
     """
 
     def __init__(self, url: str | Iterable[str], shares: int, *, ordered: bool = True, first: int = 0, credit: int = 4,
@@ -143,6 +157,8 @@ class Collector:
         self._pending: dict[int, Message] = {}  # position -> message, received but not handed out
         self._arrivals: list[int] = []  # positions in arrival order (unordered mode)
         self._pid = os.getpid()
+        self._host = host_identity()
+        self._mappings = Mappings()
         self.context = zmq.Context()
         self._auth = curve.authenticator(self.context) if curve is not None else None
         self._bound: list[str] = []
@@ -154,6 +170,11 @@ class Collector:
         """The addresses the collector is bound at (``tcp://10.0.0.5:41235``), with the port the
         system chose for a ``*`` port; empty for ``zrpull://`` (it connects)."""
         return list(self._bound)
+
+    @property
+    def shared_batches(self) -> int:
+        """Batches received through a producer's shared memory ring (producers on this host)."""
+        return sum(s.shared_batches for s in self.shares)
 
     def _where(self) -> str:
         return ", ".join(e.url for e in self.endpoints)
@@ -181,16 +202,16 @@ class Collector:
             if position != share.next:
                 self.duplicates += 1
                 return
-            try:
-                arrays, infos = tenbin.decode_list(frames[2:], infos=True)
-            except TenbinError as exc:
-                raise MessageError(f"batch {position} from share {share.index} on {self._where()}: {exc}", url=self.endpoints[0].url) from None
+            decoded = self._decode(share, identity, position, env.fields.get("m"), frames[2:])
+            if decoded is None:
+                return
+            arrays, infos = decoded
             if self.schema is not None:
                 difference = schemas.mismatch(self.schema, schemas.describe(arrays, infos))
                 if difference is not None:
                     raise SchemaError(f"share {share.index} on {self._where()} sends other arrays than expected: {difference}",
                                       url=self.endpoints[0].url)
-            fields = {k: v for k, v in env.fields.items() if k not in ("p", "s")}
+            fields = {k: v for k, v in env.fields.items() if k not in ("p", "s", "m")}
             self._pending[position] = Message(envelope.DATA, arrays, list(infos), topic=env.topic, producer=env.fields.get("p"),
                                               seq=position, fields=fields)
             self._arrivals.append(position)
@@ -202,7 +223,34 @@ class Collector:
             end = env.fields.get("next")
             if end == share.next:
                 share.end = end
+                self._forget_ring(share)
                 self._reply(identity, RECEIVED)
+
+    def _decode(self, share: _Share, identity: bytes, position: int, shared: Any, frames: list) -> tuple[list, list] | None:
+        """A data message's arrays and names; None when its ring cannot be mapped (the batch is
+        then not received, and its producer refused)."""
+        try:
+            if shared is not None:
+                frames = self._mappings.frames(shared, frames, self._where())
+            arrays, infos = tenbin.decode_list(frames, infos=True)
+        except ServeError as exc:
+            log.warning("[hydrax] collector on %s could not map the shared memory of share %d's batch %d; that producer is "
+                        "refused and the share resumes from this batch: %s", self._where(), share.index, position, exc)
+            self._reply(identity, REFUSE, error=f"the collector could not map this producer's shared memory ({exc}); "
+                        "serve without shared_memory")
+            return None
+        except ValueError as exc:  # TenbinError, or a malformed shared memory field
+            raise MessageError(f"batch {position} from share {share.index} on {self._where()}: {exc}", url=self.endpoints[0].url) from None
+        if shared is not None:
+            share.ring = shared["t"]
+            share.shared_batches += 1
+        return arrays, infos
+
+    def _forget_ring(self, share: _Share) -> None:
+        # Its producer is gone or done: arrays that still view the ring keep it mapped.
+        if share.ring is not None:
+            self._mappings.forget(share.ring)
+            share.ring = None
 
     def _share_of(self, identity: bytes, env: envelope.Envelope) -> _Share | None:
         for share in self.shares:
@@ -223,9 +271,11 @@ class Collector:
         if share.identity is not None and share.identity != identity:
             log.warning("[hydrax] share %d on %s has a new producer; it resumes at position %d", k, self._where(), share.next)
             self.rejoined += 1
+            self._forget_ring(share)
         share.identity, share.fingerprint, share.heard = identity, fingerprint, time.monotonic()
         waiting = sum(1 for p in self._pending if p % self.count == k % self.count)
-        self._reply(identity, WELCOME, first=share.next, credit=max(1, self.credit - waiting))
+        same_host = bool(self._host) and env.fields.get("host") == self._host
+        self._reply(identity, WELCOME, first=share.next, credit=max(1, self.credit - waiting), shm=same_host, window=self.credit)
 
     def _done(self) -> bool:
         if any(s.end is None for s in self.shares):
@@ -310,15 +360,23 @@ class ShareSender:
     :meth:`start` returns the first position the collector wants from this share; :meth:`put`
     queues one batch (frames and fields); :meth:`end` sends the end marker after them and waits for
     it to go; :meth:`fail` sends a failure at once; :meth:`abandon` stops at once without a marker.
+    With ``shared_memory`` (True, or a ring size in bytes) batches go through a shared memory ring
+    when the collector is on this host (it says so in its welcome), else through the socket.
     """
 
     def __init__(self, url: str | Iterable[str], share: int, shares: int, fingerprint: str, *, timeout: float | None = 60.0,
-                 noexpand: bool = False, curve: Curve | None = None) -> None:
+                 noexpand: bool = False, curve: Curve | None = None, shared_memory: int | bool | None = None) -> None:
         self.endpoints = parse_urls(url, noexpand)
         if self.endpoints[0].socket_type != zmq.PUSH:
             raise ValueError(f"a reliable producer sends: use a zpush:// or zrpush:// URL, not {self.endpoints[0].url}")
         self.share, self.shares, self.fingerprint, self.timeout, self.curve = share, shares, fingerprint, timeout, curve
         self.identity = uuid.uuid4().hex.encode()
+        self.shared_memory = None if shared_memory in (None, False) else check_size(shared_memory)
+        #: batches sent through the shared memory ring
+        self.shared_batches = 0
+        self._ring: Ring | None = None
+        self._use_ring = False  # the collector shares this host
+        self._window = 1  # the collector's credit per share, which sizes the ring
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._welcome = threading.Event()
         self._first: int | None = None
@@ -390,6 +448,8 @@ class ShareSender:
         except BaseException as exc:  # noqa: BLE001 (handed to the producer's thread)
             self.error = exc
         finally:
+            if self._ring is not None:  # the collector has mapped it, or the share resumes without it
+                self._ring.close()
             if peers is not None:
                 peers.close()
             if socket is not None:
@@ -414,11 +474,33 @@ class ShareSender:
                 raise PeerTimeoutError(f"the collector on {url} did not confirm the end of share {self.share} within {self.timeout:g} s; "
                                        "it may not have received the share's last batches", url=url)
 
+    def _place(self, frames: list, fields: dict) -> tuple[list, dict]:
+        """A batch's frames and fields as sent: through the ring when the collector shares this
+        host and the ring has room (only the headers travel), else as they are."""
+        if not self._use_ring:
+            return frames, fields
+        if self._ring is None:
+            nbytes = sum(memoryview(f).nbytes for f in frames[1::2]) + 64 * len(frames)
+            try:
+                # what the collector holds and queues, the batches its user holds, and room to spare
+                self._ring = Ring(ring_bytes(self.shared_memory, nbytes, 2 * self._window + 3))
+            except OSError as exc:
+                log.warning("[hydrax] share %d sends through the socket: no shared memory ring (%s)", self.share, exc)
+                self._use_ring = False
+                return frames, fields
+        placed = self._ring.place(frames[1::2])
+        if placed is None:
+            return frames, fields
+        self.shared_batches += 1
+        return frames[0::2], dict(fields, m=placed)
+
     def _send(self, socket: zmq.Socket, kind: str, frames: list | None = None, **fields: Any) -> None:
         socket.send_multipart([envelope.pack(kind, p=self.identity.decode(), **fields)] + (frames or []), copy=False)
 
     def _loop(self, socket: zmq.Socket, peers: PeerCount) -> None:
         hello = {"share": self.share, "shares": self.shares, "fingerprint": self.fingerprint}
+        if self.shared_memory is not None:
+            hello["host"] = host_identity()
         self._send(socket, HELLO, **hello)
         credit = 0
         heard = last_sent = time.monotonic()
@@ -436,6 +518,8 @@ class ShareSender:
                 if env.kind == WELCOME:
                     credit = int(env.fields["credit"])
                     self._first = int(env.fields["first"])
+                    self._use_ring = self.shared_memory is not None and env.fields.get("shm") is True
+                    self._window = max(1, int(env.fields.get("window", credit)))
                     self._welcome.set()
                 elif env.kind == CREDIT:
                     credit += int(env.fields.get("n", 1))
@@ -457,6 +541,7 @@ class ShareSender:
                     self._await_receipt(socket)
                     return
                 _, position, frames, fields = item
+                frames, fields = self._place(frames, fields)
                 self._send(socket, envelope.DATA, frames, pos=position, **fields)
                 credit -= 1
                 last_sent = time.monotonic()

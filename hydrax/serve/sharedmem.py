@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import tenbin
 from ..errors import ServeError
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,22 @@ MIN_DEFAULT_BYTES = 64 << 20
 MEMFD_NAME = "hydrax-serve"
 #: How often :meth:`Ring.wait_received` looks again.
 POLL_SECONDS = 0.005
+
+
+def host_identity() -> str:
+    """What a consumer must share with a producer to map its ring: the host's boot, the PID
+    namespace and the user, as one string ("" where this system does not say; then no ring).
+
+    Reliable mode (:class:`~hydrax.serve.Collector`) compares it across the hello, so a producer
+    on the collector's host uses shared memory and one elsewhere the socket, without being told.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}/{os.getuid()}"
 
 
 def _control(buffer, entries: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,6 +272,21 @@ class Mappings:
 
     def __init__(self) -> None:
         self._rings: dict[str, _Mapping] = {}
+
+    def forget(self, token: str) -> None:
+        """Drop the ring with this token (its producer is gone): arrays that view it keep it mapped."""
+        self._rings.pop(token, None)
+
+    def frames(self, field: Any, headers: list, where: str) -> list:
+        """``[header, data, header, data, ...]`` of a message whose data is in its producer's
+        ring: ``headers`` are its tenbin header frames, ``field`` its envelope's ``"m"``.
+
+        :raises ValueError: (or :class:`~hydrax.errors.TenbinError`) for a malformed field or header.
+        :raises ServeError: when the ring cannot be mapped.
+        """
+        sizes = [tenbin.data_nbytes(h) for h in headers]
+        buffers = self.buffers(field, sizes, where)
+        return [frame for pair in zip(headers, buffers) for frame in pair]
 
     def buffers(self, field: Any, sizes: list[int], where: str) -> list[np.ndarray]:
         """The data buffers an envelope's ``"m"`` field points at, one per size; they keep the

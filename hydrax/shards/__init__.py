@@ -1,7 +1,7 @@
 """WebDataset-style tar shards as a data source: local, S3, GCS and HTTP(S), indexed for random access."""
 
-from .indexfile import ShardIndex, build_index, index_path, open_index, read_wids_descriptor
-from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest
+from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_path, open_index, read_wids_descriptor
+from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest, write_summaries
 from .readahead import ReadAhead
 from .shardset import SampleRef, ShardSet
 from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions, store_for
@@ -9,10 +9,10 @@ from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_memb
 from .writer import ShardWriter
 
 __all__ = [
-    "GCSOptions", "HFOptions", "HTTPOptions", "Member", "ObjectInfo", "ReadAhead", "S3Options", "Sample", "SampleRef", "ShardEntry",
+    "GCSOptions", "HFOptions", "HTTPOptions", "IndexResult", "Member", "ObjectInfo", "ReadAhead", "S3Options", "Sample", "SampleRef", "ShardEntry",
     "ShardFormatError", "ShardIndex", "ShardSet", "ShardWriter", "Store", "StoreOptions", "build_index", "default_cache_dir",
-    "expand_urls", "group_samples", "index_path", "open_index", "publish_indexes", "read_manifest", "read_wids_descriptor",
-    "scan_members", "store_for", "write_manifest",
+    "expand_urls", "group_samples", "index_file", "index_path", "open_index", "publish_indexes", "read_manifest", "read_wids_descriptor",
+    "scan_members", "store_for", "write_manifest", "write_summaries",
 ]
 
 from .build import (BuildError, BuildReport, SourceSample, build_shards, samples_from_files, samples_from_folder,

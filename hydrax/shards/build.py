@@ -216,7 +216,8 @@ def _relative(path: str, root: str, origin: str, remedy: str = "") -> str:
     return relative.replace(os.sep, "/")
 
 
-def _warner(warn: Callable[[str], Any] | None) -> Callable[[str], Any]:
+def warner(warn: Callable[[str], Any] | None) -> Callable[[str], Any]:
+    """``warn``, or by default :func:`warnings.warn`: where a build's warnings go."""
     return warn if warn is not None else (lambda message: warnings.warn(message, stacklevel=3))
 
 
@@ -247,7 +248,7 @@ def samples_from_folder(root: str | os.PathLike, *, skip_bad: bool = False,
     :param warn: called with each warning (default :func:`warnings.warn`).
     """
     root = os.fspath(root)
-    warn = _warner(warn)
+    warn = warner(warn)
     if not os.path.isdir(root):
         raise BuildError(f"{root}: not a folder")
     with os.scandir(root) as entries:
@@ -899,7 +900,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
     :param warn: called with each warning (default :func:`warnings.warn`).
     """
     started = time.perf_counter()
-    warn = _warner(warn)
+    warn = warner(warn)
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     if not samples:

@@ -838,10 +838,12 @@ def write_manifest(entries: Sequence[ShardEntry], url: str, options: StoreOption
 
 
 def publish_indexes(urls, options: StoreOptions | None = None, *, force: bool = False,
-                    on_done=None) -> list[ShardEntry]:
+                    on_done=None, summary: bool = True) -> list[ShardEntry]:
     """Write an index object ``<shard>.hidx`` beside every remote shard of ``urls`` that lacks a
     current one (all of them with ``force``), building the indexes concurrently; returns the
-    shards with their indexes. ``on_done(entry)`` is called as each shard is done (a progress bar)."""
+    shards with their indexes. ``on_done(entry)`` is called as each shard is done (a progress bar).
+    ``summary=False`` leaves the folder summaries alone, for a caller that indexes a folder in
+    parts and writes them once with :func:`write_summaries`."""
     options = options or StoreOptions()
     shards, listed = _expand(urls, options)
     entries = [ShardEntry(info.url) for info in shards]
@@ -849,7 +851,28 @@ def publish_indexes(urls, options: StoreOptions | None = None, *, force: bool = 
     if local:
         raise ValueError(f"index objects are for remote shards; {local[0]!r} is local (use hydrax shards index for it)")
     run_async(_publish(entries, listed, options, force, on_done))
+    if summary:
+        run_async(_summarise(entries, listed, options))
     return entries
+
+
+def write_summaries(entries: Sequence[ShardEntry], options: StoreOptions | None = None) -> None:
+    """Add ``entries`` (with their sizes, versions and sample counts) to the summaries of their
+    folders in object storage, listing each folder once; local shards need none."""
+    options = options or StoreOptions()
+    listed: dict[str, ObjectInfo] = {}
+    for folder in {e.url.rsplit("/", 1)[0] for e in entries if scheme_of(e.url) in ("s3", "gs")}:
+        listed.update((info.url, info) for info in store_for(folder, options).list(folder + "/"))
+    run_async(_summarise(list(entries), listed, options))
+
+
+async def _summarise(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions) -> None:
+    folders: dict[str, list[ShardEntry]] = {}
+    for entry in entries:
+        folders.setdefault(entry.url.rsplit("/", 1)[0], []).append(entry)
+    for folder, done in folders.items():
+        if scheme_of(folder) in ("s3", "gs"):
+            await update_summary(folder, done, listed, options)
 
 
 async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions, force: bool, on_done) -> None:
@@ -869,12 +892,6 @@ async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], opt
             on_done(entry)
 
     await gather_limited([lambda e=e: one(e) for e in entries], SETUP_REQUESTS)
-    folders = {}
-    for entry in entries:
-        folders.setdefault(entry.url.rsplit("/", 1)[0], []).append(entry)
-    for folder, done in folders.items():
-        if scheme_of(folder) in ("s3", "gs"):
-            await update_summary(folder, done, listed, options)
 
 
 async def update_summary(folder: str, entries: Sequence[ShardEntry], listed: dict[str, ObjectInfo],

@@ -38,7 +38,7 @@ import struct
 import sys
 import zlib
 from stat import S_ISREG
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -449,6 +449,52 @@ def build_index(shard: str) -> ShardIndex:
             mapped.close()
         except BufferError:
             pass  # a view is still alive (in a traceback): unmapped when it goes
+
+
+class IndexResult(NamedTuple):
+    """What :func:`index_file` did for one shard."""
+
+    #: samples newly indexed (0 when its index was current)
+    samples: int
+    #: why the shard could not be indexed, or None
+    problem: str | None
+    #: why an existing index was rebuilt (stale or damaged), or None
+    rebuilt: str | None
+
+
+def index_file(shard: str, force: bool = False) -> IndexResult:
+    """Write the index of the local ``shard`` beside it unless it has a current one (or ``force``).
+
+    What ``hydrax shards index`` runs for each shard, in worker processes or Ray tasks: a shard
+    that cannot be indexed is reported in the result, not raised, so one bad shard does not stop
+    the others. An index is current when it reads and was built for the shard's present size and
+    modification time, as loaders demand (they rescan, or refuse, any other).
+    """
+    path = index_path(shard)
+    try:
+        needed, why = (True, None) if force else _needs_index(shard, path)
+        if needed:
+            index = build_index(shard)
+            index.save(path)
+            return IndexResult(len(index), None, why)
+        return IndexResult(0, None, None)
+    except (OSError, ShardFormatError) as exc:
+        return IndexResult(0, str(exc), None)
+
+
+def _needs_index(shard: str, path: str) -> tuple[bool, str | None]:
+    """Whether ``shard`` needs its index ``path`` built, and why an existing one will not do."""
+    try:
+        index = ShardIndex.load(path)
+    except FileNotFoundError:
+        return True, None
+    except ShardFormatError as exc:
+        return True, f"its index was damaged ({str(exc).removeprefix(f'{path}: ')})"
+    stat = os.stat(shard)
+    if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        return False, None
+    return True, (f"its index was stale (built for a shard of {index.shard_size} bytes modified at {index.shard_mtime_ns} ns; "
+                  f"the shard has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns)")
 
 
 def open_index(shard: str, *, write: bool = True) -> ShardIndex:

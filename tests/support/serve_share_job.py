@@ -3,6 +3,7 @@
 ``python tests/support/serve_share_job.py URL INDEX COUNT START_EPOCH START_BATCH [DELAY]``: serves share
 INDEX of COUNT of a small run (2 epochs, validation every epoch) starting at
 (START_EPOCH, START_BATCH); DELAY seconds of sleep per item make it slow enough to kill mid-run.
+HYDRAX_TEST_SHARED_MEMORY=1 serves with ``shared_memory=True``.
 """
 
 import os
@@ -43,5 +44,6 @@ if __name__ == "__main__":
     curve = Curve(*keys.split(",")) if keys else None
     loader = make_loader((epoch, batch))
     print("ready", flush=True)  # imports done: tests with short collector timeouts wait for this line
-    report = serve(loader, url, share=(index, count), timeout=30, curve=curve)
-    print(f"complete {report.complete} served {report.batches}", flush=True)
+    shared = bool(os.environ.get("HYDRAX_TEST_SHARED_MEMORY"))  # through a shared memory ring, when on the collector's host
+    report = serve(loader, url, share=(index, count), timeout=30, curve=curve, shared_memory=shared or None)
+    print(f"complete {report.complete} shared {report.shared_batches} served {report.batches}", flush=True)
