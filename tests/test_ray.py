@@ -325,7 +325,7 @@ def test_index_objects_on_ray_survive_a_store_that_did_not_answer(tmp_path, inde
     assert on_ray == local  # the index objects byte for byte, and one summary listing all eight
 
 
-def test_the_index_command_runs_on_ray(indexed_shards):
+def test_the_index_command_runs_on_ray(indexed_shards, s3_store):
     shards, expected = indexed_shards
     address = ray.get_runtime_context().gcs_address
     done = subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", *shards, "--ray", address],
@@ -333,6 +333,20 @@ def test_the_index_command_runs_on_ray(indexed_shards):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "indexed 8 of 8 shards (160 samples newly indexed)"
     assert all(Path(shard + ".hidx").read_bytes() == expected[shard] for shard in shards)
+    # remote shards: index objects, one folder summary and the manifest
+    endpoint, client = s3_store
+    for shard in shards:
+        client.upload_file(shard, "data", f"cli/{Path(shard).name}")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    remote = subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", "s3://data/cli/t-*.tar", "--endpoint-url", endpoint,
+                             "--manifest", "s3://data/cli/train.json", "--ray", address], capture_output=True, text=True, env=env,
+                            timeout=slack(180))
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout.splitlines()[-1].startswith("indexed 8 shards (160 samples) in ")
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="data", Prefix="cli/")["Contents"]}
+    assert {"cli/hydrax-index.json", "cli/train.json"} | {f"cli/t-{k:04d}.tar.hidx" for k in range(8)} <= keys
+    manifest = json.loads(client.get_object(Bucket="data", Key="cli/train.json")["Body"].read())
+    assert [entry["nsamples"] for entry in manifest["shardlist"]] == [20] * 8
     refused = subprocess.run([sys.executable, "-m", "hydrax", "shards", "index", *shards, "--ray", address, "--workers", "2"],
                              capture_output=True, text=True, timeout=slack(60))
     assert refused.returncode == 2 and "--workers does not apply with --ray" in refused.stderr

@@ -89,6 +89,22 @@ def shard_options(args: argparse.Namespace) -> dict:
     return {"s3": options.s3, "gcs": options.gcs}
 
 
+RAY_HELP = ("on a Ray cluster (ADDRESS, else RAY_ADDRESS or the one this machine runs, else a local one); the AWS_*, "
+            "GOOGLE_* and HF_* variables of this environment go to its tasks")
+
+
+def connect_ray(address: str) -> Any:
+    """:mod:`hydrax.ray`, connected to the cluster ``--ray`` names, its tasks given this
+    environment's store variables (credentials, region, endpoint), as the command without
+    ``--ray`` would read with."""
+    from .. import ray as on_ray
+    from ..ray.runtime import connect
+    from ..shards.store import store_environment
+
+    connect(address, log_to_driver=False, runtime_env={"env_vars": store_environment()})
+    return on_ray
+
+
 def progress(total: int | None, description: str, unit: str, quiet: bool = False) -> Any:
     """A tqdm bar on stderr when tqdm is installed and output is wanted, else a silent stand-in."""
     try:

@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 
-from ._common import add_s3_options, positive_int, progress, report, store_options
+from ._common import RAY_HELP, add_s3_options, connect_ray, positive_int, progress, report, store_options
 
 DESCRIPTION = """\
 Write WebDataset-style tar shards, each with its .hidx index, from
@@ -80,8 +80,8 @@ def register(shard_commands) -> None:
                         help="skip unreadable files and non-images with a warning instead of failing")
     parser.add_argument("--force", action="store_true", help="overwrite existing shards of OUT_PATTERN")
     parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                        help="read, check and write on a Ray cluster (ADDRESS, else RAY_ADDRESS or the one this machine runs, "
-                        "else a local one): the same shards as without; files and a local output must be on a shared file system")
+                        help=f"read, check and write {RAY_HELP}: the same shards as without; files and a local output must be "
+                        "on a shared file system")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     add_s3_options(parser)
     parser.set_defaults(run=run)
@@ -141,10 +141,7 @@ def _interrupt(_signum, _frame) -> None:
 def _build_on_ray(args: argparse.Namespace, samples, common: dict, advance):
     """The build split over Ray tasks: a bar while the files are read and checked, then the
     build's own bar while the shards are written."""
-    from ..ray import build_shards_on_ray
-    from ..ray.runtime import connect
-
-    connect(args.ray, log_to_driver=False)
+    on_ray = connect_ray(args.ray)
     checking = progress(len(samples), "checking", "sample", args.quiet)
     open_bars = [checking]
 
@@ -154,7 +151,7 @@ def _build_on_ray(args: argparse.Namespace, samples, common: dict, advance):
         advance(count)
 
     try:
-        return build_shards_on_ray(samples, args.out, progress=written, probed=checking.update, **common)
+        return on_ray.build_shards_on_ray(samples, args.out, progress=written, probed=checking.update, **common)
     finally:
         while open_bars:
             open_bars.pop().close()

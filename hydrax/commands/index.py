@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from ._common import add_s3_options, count, progress, report, store_options
+from ._common import RAY_HELP, add_s3_options, connect_ray, count, progress, report, store_options
 
 
 def register(shard_commands) -> None:
@@ -31,8 +31,8 @@ def register(shard_commands) -> None:
     parser.add_argument("--manifest", metavar="PATH_OR_URL",
                         help="also write a dataset manifest (wids descriptor) listing the shards, their sizes and sample counts")
     parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                        help="index on a Ray cluster (ADDRESS, else RAY_ADDRESS or the one this machine runs, else a local "
-                        "one), many shards per task: local shards must be on a file system every node mounts at the same path")
+                        help=f"index {RAY_HELP}, many shards per task: local shards must be on a file system every node "
+                        "mounts at the same path")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     add_s3_options(parser)
     parser.set_defaults(run=run)
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         bar = progress(len(shards), "indexing", "shard", args.quiet)
         step = 1
         if args.ray is not None:  # the bar moves as Ray's tasks end, before the results are read
-            outcomes, step = _on_ray(args).index_files_on_ray(shards, force=args.force, progress=bar.update), 0
+            outcomes, step = connect_ray(args.ray).index_files_on_ray(shards, force=args.force, progress=bar.update), 0
         for shard, (new, problem, why) in zip(shards, outcomes):
             done += 1
             samples += new
@@ -120,7 +120,7 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
     bar = progress(len(shards), "indexing", "shard", args.quiet)
     try:
         if args.ray is not None:
-            entries = _on_ray(args).publish_indexes_on_ray(shards, options, force=args.force, progress=bar.update)
+            entries = connect_ray(args.ray).publish_indexes_on_ray(shards, options, force=args.force, progress=bar.update)
         else:
             entries = publish_indexes(shards, options, force=args.force, on_done=lambda _entry: bar.update(1))
     except (OSError, HydraxError, ValueError, ImportError) as exc:
@@ -134,15 +134,6 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
         print(f"indexed {len(entries)} shards ({samples} samples) in {time.perf_counter() - started:.2f} s: "
               f"an index object beside each{f'; manifest {args.manifest}' if args.manifest and not failed else ''}")
     return 1 if failed else 0
-
-
-def _on_ray(args: argparse.Namespace):
-    """:mod:`hydrax.ray`, connected to the cluster ``--ray`` names."""
-    from .. import ray as on_ray
-    from ..ray.runtime import connect
-
-    connect(args.ray, log_to_driver=False)
-    return on_ray
 
 
 def _write_manifest(args: argparse.Namespace, shards, options) -> int:

@@ -789,6 +789,18 @@ _LOCAL = LocalStore()
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
+#: Prefixes of the environment variables the stores' clients read (obstore's AWS_* and GOOGLE_*
+#: credentials, regions and endpoints; the Hugging Face Hub's HF_*).
+ENVIRONMENT_PREFIXES = ("AWS_", "GOOGLE_", "HF_")
+
+
+def store_environment() -> dict[str, str]:
+    """This process's variables that the stores' clients read (:data:`ENVIRONMENT_PREFIXES`):
+    what a process reading for it elsewhere needs (``hydrax shards ... --ray`` hands them to
+    its Ray tasks, whose workers start from the cluster's environment, not this shell's)."""
+    return {name: value for name, value in os.environ.items() if name.startswith(ENVIRONMENT_PREFIXES)}
+
+
 def endpoint_variable(options: StoreOptions, scheme: str) -> str | None:
     """The variable of :data:`ENDPOINT_VARIABLES` that :func:`with_environment` takes the S3
     endpoint from, or None (another scheme, an endpoint in ``options``, no variable set)."""
