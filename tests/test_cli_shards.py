@@ -199,6 +199,21 @@ def server(s3_store):
     return s3_store
 
 
+def test_bench_through_s3_says_the_readahead_budget_it_chose(server, dataset, tmp_path):
+    endpoint, client = server
+    paths, _ = dataset
+    for path in paths:
+        client.upload_file(path, "data", f"bench/{os.path.basename(path)}")
+    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
+    result = hydrax("bench", "--endpoint-url", endpoint, "s3://data/bench/train-*.tar", "--decode", "bytes",
+                    "--seconds", f"{slack(2):.1f}", "--batch-size", "4", "-q", env=env)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.splitlines()[-1]
+    # a few kB of shards: the budget holds them all, and what was held stayed within it
+    assert re.fullmatch(r"read-ahead budget [\d.]+ GB \(the data's [\d.]+ GB and room to spare; holds all of the remote data\); "
+                        r"read [\d.,]+ MB in [\d,]+ requests, held at most [\d.,]+ MB", line), line
+
+
 def test_verify_and_stat_through_s3(server, dataset, tmp_path):
     endpoint, client = server
     paths, samples = dataset

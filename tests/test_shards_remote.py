@@ -215,6 +215,23 @@ def test_network_failures_are_retried_then_named(proxied, tmp_path):
     proxy.disarm()
 
 
+def test_data_the_host_can_hold_is_read_once_over_epochs(proxied, tmp_path):
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    total = sum(e.size for e in map(dataset.shard_entry, range(6)))
+    budget = dataset.readahead_budget
+    assert budget.source == "data" and budget.holds_data and budget.bytes < total + (128 << 20)
+    proxy.clear()
+    seen = run_epochs(dataset, end=("epoch", 3), shuffle_first=True, shuffle_later="itemwise")
+    assert sorted(c for _, _, cls in seen for c in cls) == sorted(list(range(120)) * 3)
+    # every shard streamed once (and a few samples the first batches needed before their
+    # stream began); the second and third epochs came from what was held
+    assert len([r for r in proxy.requests_matching(r"\.tar$", method="GET") if r.body_bytes > 50_000]) == 6
+    assert proxy.stats()["body_bytes_down"] <= 1.3 * total
+    assert dataset.readahead_stats["evicted"] == 0
+
+
 def test_readahead_streams_whole_shards_in_shardwise_order(proxied, tmp_path):
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=6, options=options)
@@ -244,7 +261,8 @@ def test_random_order_reads_ahead_with_coalesced_ranges_or_whole_shards_and_resu
     assert sorted(c for _, _, cls in full[:24] for c in cls) == list(range(240))
     gets = proxy.requests_matching(r"\.tar$", method="GET")
     assert len(gets) < 0.75 * 480, len(gets)  # fewer requests than samples read (2 epochs of 240)
-    assert small.readahead_stats["bytes"] > 0
+    stats = small.readahead_stats
+    assert stats["bytes"] > 0 and 0 < stats["held_peak"] <= stats["budget"] == 256 << 10  # never more than it was given
     # The default budget holds the whole look-ahead: most of every shard is wanted, so it is streamed.
     large = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
     proxy.clear()

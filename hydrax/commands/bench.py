@@ -110,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
         report("bench", exc)
         return 1
     bar.close()
-    return _summarize(args, measured)
+    status = _summarize(args, measured)
+    budget = dataset.readahead_budget
+    if budget is not None:
+        stats = dataset.readahead_stats
+        print(f"{budget.describe()}; read {stats['bytes'] / 1e6:,.1f} MB in {stats['requests']:,} requests, "
+              f"held at most {stats['held_peak'] / 1e6:,.1f} MB")
+    return status
 
 
 def _open_shards(args: argparse.Namespace):

@@ -13,8 +13,9 @@ The build runs in two rounds of tasks, and its output is the local build's, shar
 
 A task is retried when its worker dies or its store did not answer (:mod:`.tasks`); a task that
 fails otherwise (a file that cannot be read any more, a store that refuses) fails the build,
-which then removes every shard it planned, as a local build removes what it wrote. The files must be readable at the same
-paths on every node (a shared file system), and a local output folder must be shared too.
+which then removes every shard it planned, as a local build removes what it wrote. The files
+must be readable at the same paths on every node (a shared file system), and a local output
+folder must be shared too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..shards.build import (BuildError, BuildReport, SourceSample, check_output,
 from ..shards.store import S3Options, StoreOptions
 from .runtime import connect
 from .tasks import chunk_size, cluster_cpus, gather, remote
+
 
 def _plan(samples: Sequence[SourceSample], verdicts: list, skip_bad: bool, warn: Callable[[str], Any]) -> tuple[list, list, list[str]]:
     """The samples to write and their sizes; the bad ones refused or skipped as a local build does."""

@@ -33,6 +33,7 @@ pickled ShardSet carries, so workers started from the fork server map them from 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import mmap
 import os
 import threading
@@ -48,9 +49,15 @@ from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand
                       resolve_set)
 from .indexfile import ShardIndex
 from .setindex import SetIndex
-from .readahead import Fetcher, LocalFiles, ReadAhead, ShardLayout, finalizer, private_root
+from .readahead import Budget, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, finalizer, host_room, private_root
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
+
+log = logging.getLogger(__name__)
+
+#: The self-sized read-ahead budgets of this process's live ShardSets, by id: each one is sized
+#: from the memory the others leave (a Mixture of remote sets must not take a quarter each).
+_CLAIMED: dict[int, int] = {}
 
 __all__ = ["SampleRef", "ShardSet", "default_cache_dir", "expand_urls"]
 
@@ -84,7 +91,8 @@ class ShardSet(Sequence["SampleRef"]):
     :param cache_dir: where indexes of remote shards, and set indexes of local ones, are kept
         (default :func:`default_cache_dir`).
     :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.readahead.ReadAhead`);
-        memory is bounded by its ``max_bytes``.
+        memory is bounded by its ``max_bytes``, by default sized for the data and the host
+        (:attr:`readahead_budget`).
     :param max_open: local shard mappings kept open per process.
     :param max_indexes: per-shard indexes held per process, least recently used dropped first: the
         indexes of a manifest's shards, loaded as they are first read, and the (cheap) views
@@ -169,6 +177,7 @@ class ShardSet(Sequence["SampleRef"]):
         self._files = LocalFiles(self.max_open)
         self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
         self._fetcher: Fetcher | None = None
+        self._budget: Budget | None = None
 
     @property
     def s3(self) -> S3Options:
@@ -354,7 +363,8 @@ class ShardSet(Sequence["SampleRef"]):
         if self._fetcher is None:
             # The fetcher's thread must not keep the ShardSet alive: it sees it through weak references.
             me = weakref.ref(self)
-            self._fetcher = Fetcher(self.readahead, self._root, lambda s: me().layout(s), lambda s: me().layout_async(s),
+            options = dataclasses.replace(self.readahead, max_bytes=self.readahead_budget.bytes)
+            self._fetcher = Fetcher(options, self._root, lambda s: me().layout(s), lambda s: me().layout_async(s),
                                     lambda s: store_for(me().urls[s], me().options))
             weakref.finalize(self, self._fetcher.close)
         self._fetcher.announce(key, shards[remote], samples[remote], order)
@@ -366,16 +376,41 @@ class ShardSet(Sequence["SampleRef"]):
 
     @property
     def prefetch_items(self) -> int:
-        """How many upcoming items are worth announcing: what half the read-ahead memory holds."""
-        if self._root is None:
+        """How many upcoming items are worth announcing: what the read-ahead budget holds when it
+        holds all the remote data, else half of that (the other half holds what was loaded)."""
+        budget = self.readahead_budget
+        if budget is None:
             return 0
         mean = max(1, int(np.maximum(self._table.sizes, 0).sum()) // max(1, len(self)))  # remote: never a set index
-        return max(1, self.readahead.max_bytes // 2 // mean)
+        return max(1, (budget.bytes if budget.holds_data else budget.bytes // 2) // mean)
+
+    @property
+    def readahead_budget(self) -> Budget | None:
+        """The read-ahead budget of this process (None without remote shards or read-ahead):
+        ``ReadAhead(max_bytes=...)`` when given, else chosen by
+        :func:`~hydrax.shards.readahead.choose_budget` when first asked (as a run starts) from the
+        remote shards' bytes and the room the host has then, and kept."""
+        if self._root is None:
+            return None
+        if self._budget is None:
+            data = int(np.maximum(self._table.sizes[self._remote], 0).sum())
+            available, free = host_room(self._root)
+            available = max(0, available - sum(_CLAIMED.values()))
+            self._budget = choose_budget(self.readahead.max_bytes, data, available, free, self.readahead.cache_dir is not None)
+            if self._budget.source != "given":
+                _CLAIMED[id(self)] = self._budget.bytes
+                weakref.finalize(self, _CLAIMED.pop, id(self), None)
+            log.info("[hydrax] %s: %s", self, self._budget.describe())
+        return self._budget
 
     @property
     def readahead_stats(self) -> dict[str, int]:
-        """Requests, bytes, evictions and failures of read-ahead in this process so far."""
-        return dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0}
+        """Requests, bytes, evictions and failures of read-ahead in this process so far, the most
+        bytes held at once (``held_peak``) and the budget (``budget``, 0 without read-ahead)."""
+        stats = dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0,
+                                                                            "held_peak": 0}
+        stats["budget"] = self._budget.bytes if self._budget is not None else 0
+        return stats
 
     def close(self) -> None:
         """Stop reading ahead and close this process's mappings (the ShardSet stays usable)."""
@@ -390,7 +425,7 @@ class ShardSet(Sequence["SampleRef"]):
         # URLs and a table's arrays pickle as arrays (out of band, shared, when large).
         state = dict(self.__dict__)
         for name in ("_starts", "_learned", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
-                     "_remote_sample", "_fetcher"):
+                     "_remote_sample", "_fetcher", "_budget"):
             state.pop(name)  # derived, or per process
         return state
 

@@ -24,6 +24,12 @@ epoch, from entering the Dataloader (or starting webdataset's pipeline) to its l
 ShardSet's set-up excluded; medians of ``--repeat`` runs, interleaved.
 
     python tools/bench/bench_remote.py [--delays 0.02 0.05] [--repeat 3] [--quick]
+
+``--budgets`` instead compares read-ahead budgets with the defaults a user gets (issue 24's set:
+``--shards 32 --per-shard 512 --sample-bytes 100000``): ``shardwise`` with the self-sized budget
+against 0.x's fixed 1 GiB, and fully shuffled with the self-sized budget against 4 GiB given by
+hand (1 GiB there falls to a ranged request per sample, minutes per epoch), with each run's
+first-batch time and the load average.
 """
 
 from __future__ import annotations
@@ -125,8 +131,9 @@ def copy_sample(sample, arrays, seed):
 
 
 def hydrax_epoch(urls: list[str], options, cache: str, loaders: int, order: str, sample_bytes: int,
-                 batch: int = 32, readahead=None, **extra) -> tuple[float, int]:
-    """(items/s over one epoch, bytes read ahead)."""
+                 batch: int = 32, readahead=None, timings: dict | None = None, **extra) -> tuple[float, int]:
+    """(items/s over one epoch, bytes read ahead); ``timings`` gets the first batch's seconds and
+    the budget the ShardSet used."""
     import jax.numpy as jnp
 
     from hydrax import Dataloader, DataGroup
@@ -138,12 +145,16 @@ def hydrax_epoch(urls: list[str], options, cache: str, loaders: int, order: str,
     group = DataGroup(batch, dataset, loader_arrays={"bin": ((sample_bytes,), np.uint8, jnp.uint8)}, **kwargs)
     n = 0
     started = time.perf_counter()  # the whole epoch, workers' start and the first requests included
+    first = None
     with Dataloader(copy_sample, group, loader_count=loaders, end_at=("epoch", 1), timeout_sec=300) as loader:
         for b in loader:
+            first = first or time.perf_counter() - started
             n += len(b)
             del b
     elapsed = time.perf_counter() - started
     stats = dataset.readahead_stats
+    if timings is not None:
+        timings.update(first=first, budget=stats["budget"], peak=stats["held_peak"], load=os.getloadavg()[0])
     dataset.close()
     return n / elapsed, stats["bytes"]
 
@@ -218,6 +229,33 @@ def setup_times(client, endpoint: str, proxy: Proxy, tmp: str, shards: int) -> d
     return times
 
 
+def budget_runs(urls: list[str], port: int, tmp: str, args) -> None:
+    """``--budgets``: the self-sized read-ahead budget against fixed ones, runs interleaved."""
+    from hydrax.shards import ReadAhead, S3Options
+
+    print("| delay | order, budget | samples/s | first batch | budget | held at most | load average | runs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for delay in args.delays:
+        with Proxy("127.0.0.1", port, delay=delay) as proxy:
+            options = S3Options(endpoint_url=proxy.url, **KEYS)
+            cases = {"shardwise, 1 GiB (0.x default)": ("shardwise", ReadAhead(max_bytes=1 << 30)),
+                     "shardwise, self-sized (default)": ("shardwise", None),
+                     "random, 4 GiB by hand": ("random", ReadAhead(max_bytes=4 << 30)),
+                     "random, self-sized (default)": ("random", None)}
+            results: dict[str, list[tuple[float, dict]]] = {name: [] for name in cases}
+            for _ in range(args.repeat):
+                for name, (order, readahead) in cases.items():
+                    timings: dict = {}
+                    rate, _ = hydrax_epoch(urls, options, tempfile.mkdtemp(dir=tmp), 2, order, args.sample_bytes,
+                                           readahead=readahead, timings=timings)
+                    results[name].append((rate, timings))
+            for name, runs in results.items():
+                middle = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+                rate, timings = middle
+                print(f"| {delay * 1000:.0f} ms | {name} | {rate:,.0f} | {timings['first']:.2f} s | {timings['budget'] / 2**30:.2f} GiB | "
+                      f"{timings['peak'] / 2**30:.2f} GiB | {timings['load']:.2f} | {', '.join(f'{r:,.0f}' for r, _ in runs)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--delays", type=float, nargs="+", default=[0.02, 0.05])
@@ -228,6 +266,7 @@ def main() -> None:
     parser.add_argument("--setup-shards", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="one repeat, no 4-loader or random runs")
     parser.add_argument("--setup-only", action="store_true", help="only the set-up times")
+    parser.add_argument("--budgets", action="store_true", help="only the read-ahead budgets: self-sized against fixed")
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
@@ -255,6 +294,10 @@ def main() -> None:
         total = sum(os.path.getsize(p) for p in paths)
         shard_bytes = min(os.path.getsize(p) for p in paths)
         print(f"{len(urls)} shards x {args.per_shard} samples of {args.sample_bytes} bytes ({total / 1e6:.1f} MB) in moto's S3 server")
+        if args.budgets:
+            hydrax_epoch(urls[:1], S3Options(endpoint_url=endpoint, **KEYS), tempfile.mkdtemp(dir=tmp), 2, "shardwise", args.sample_bytes)
+            budget_runs(urls, port, tmp, args)
+            return
         ceiling = statistics.median(ranged_ceiling(urls, endpoint, args.sample_bytes, shard_bytes) for _ in range(args.repeat))
         print(f"moto's own ranged-GET ceiling (32 in flight, no proxy): {ceiling:,.0f} requests/s")
         # An untimed run first: the fork server hydrax starts its workers from (once a process has

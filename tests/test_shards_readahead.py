@@ -1,0 +1,49 @@
+"""hydrax.shards.readahead's budget: chosen for the data and the host (pure functions), and
+measured from this host. Read-ahead through real runs is in tests/test_shards_remote.py."""
+
+import os
+
+import pytest
+
+from hydrax.shards.readahead import DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, ReadAhead, choose_budget, host_room
+
+GB = 10**9
+
+
+def test_data_the_host_can_hold_is_held_whole():
+    budget = choose_budget(None, 2 * GB, available_memory=24 * GB, free_disk=50 * GB, persistent=False)
+    assert budget.source == "data" and budget.holds_data
+    assert budget.bytes == 2 * GB + 2 * GB // 8 + MIN_BUDGET and budget.cap == int(MEMORY_SHARE * 24 * GB)
+
+
+def test_data_larger_than_the_hosts_share_gets_the_share():
+    memory = choose_budget(None, 1600 * GB, available_memory=512 * GB, free_disk=4000 * GB, persistent=False)
+    assert (memory.source, memory.bytes, memory.holds_data) == ("memory", int(MEMORY_SHARE * 512 * GB), False)
+    # a small temporary file system limits a private folder, whatever the memory
+    small_tmp = choose_budget(None, 1600 * GB, available_memory=512 * GB, free_disk=10 * GB, persistent=False)
+    assert (small_tmp.source, small_tmp.bytes) == ("disk", int(DISK_SHARE * 10 * GB))
+    # a persistent cache is a disk cache: its free space, not the memory, is the limit
+    disk = choose_budget(None, 1600 * GB, available_memory=16 * GB, free_disk=2000 * GB, persistent=True)
+    assert (disk.source, disk.bytes) == ("disk", int(DISK_SHARE * 2000 * GB))
+
+
+def test_a_given_budget_is_kept_and_a_starved_host_still_gets_the_floor():
+    given = choose_budget(256 << 10, 1600 * GB, available_memory=512 * GB, free_disk=4000 * GB, persistent=False)
+    assert (given.bytes, given.source, given.cap) == (256 << 10, "given", None)
+    starved = choose_budget(None, 10 * GB, available_memory=1 << 20, free_disk=1 << 20, persistent=False)
+    assert starved.bytes == MIN_BUDGET and not starved.holds_data
+    assert "read-ahead budget" in starved.describe() and "of the remote data" in starved.describe()
+
+
+def test_the_host_room_is_measured(tmp_path):
+    available, free = host_room(str(tmp_path))
+    assert 0 < available <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    stat = os.statvfs(tmp_path)
+    assert 0 < free <= stat.f_blocks * stat.f_frsize
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "1G"])
+def test_a_bad_budget_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=r"ReadAhead\(max_bytes=...\) must be a positive int or None"):
+        ReadAhead(max_bytes=value)
+    assert ReadAhead().max_bytes is None and isinstance(choose_budget(None, 1, GB, GB, False), Budget)
