@@ -199,13 +199,20 @@ def server(s3_store):
     return s3_store
 
 
-def test_bench_through_s3_says_the_readahead_budget_it_chose(server, dataset, tmp_path):
+@pytest.fixture
+def bucket(server, dataset, tmp_path):
+    """The module's shards uploaded under ``s3://data/shards/``: (endpoint, boto3 client, local
+    paths, samples, the environment a command reads it with)."""
     endpoint, client = server
-    paths, _ = dataset
+    paths, samples = dataset
     for path in paths:
-        client.upload_file(path, "data", f"bench/{os.path.basename(path)}")
-    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
-    result = hydrax("bench", "--endpoint-url", endpoint, "s3://data/bench/train-*.tar", "--decode", "bytes",
+        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
+    return endpoint, client, paths, samples, {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
+
+
+def test_bench_through_s3_says_the_readahead_budget_it_chose(bucket):
+    endpoint, _, _, _, env = bucket
+    result = hydrax("bench", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", "--decode", "bytes",
                     "--seconds", f"{slack(2):.1f}", "--batch-size", "4", "-q", env=env)
     assert result.returncode == 0, result.stderr
     line = result.stdout.splitlines()[-1]
@@ -214,13 +221,9 @@ def test_bench_through_s3_says_the_readahead_budget_it_chose(server, dataset, tm
                         r"read [\d.,]+ MB in [\d,]+ requests, held at most [\d.,]+ MB", line), line
 
 
-def test_verify_and_stat_through_s3(server, dataset, tmp_path):
-    endpoint, client = server
-    paths, samples = dataset
-    for path in paths:
-        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
+def test_verify_and_stat_through_s3(bucket, tmp_path):
+    endpoint, client, paths, samples, env = bucket
     client.put_object(Bucket="data", Key="broken/cut.tar", Body=Path(paths[0]).read_bytes()[:1500])
-    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
 
     result = hydrax("shards", "verify", "--decode", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
     assert result.returncode == 0, result.stderr
@@ -278,14 +281,10 @@ def test_index_with_workers_writes_what_one_process_writes_and_names_a_damaged_s
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
 
 
-def test_index_writes_index_objects_and_a_manifest_into_the_bucket(server, dataset, tmp_path):
+def test_index_writes_index_objects_and_a_manifest_into_the_bucket(bucket, tmp_path):
     from hydrax.shards import S3Options, ShardIndex, ShardSet
 
-    endpoint, client = server
-    paths, samples = dataset
-    for path in paths:
-        client.upload_file(path, "data", f"shards/{os.path.basename(path)}")
-    env = {**CREDENTIALS, "HYDRAX_CACHE": str(tmp_path / "cache")}
+    endpoint, client, paths, samples, env = bucket
     result = hydrax("shards", "index", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar",
                     "--manifest", "s3://data/shards/train.json", env=env)
     assert result.returncode == 0, result.stderr

@@ -26,9 +26,9 @@ sized for the run by :func:`choose_budget`: the remote data itself when the host
 epoch is then read once, and later epochs read nothing), else a share of the host's available
 memory (or, for a persistent ``cache_dir``, of its disk). Files of batches that are loaded are
 evicted, least recently used first, to make room; when everything held is still needed, the
-fetcher waits. By default the directory is private to the process and removed when the ShardSet goes
-away (and swept on a later start if the process was killed); with ``cache_dir`` it persists, so
-later epochs and runs skip downloads of what it still holds.
+fetcher waits. By default the directory is private to the process and removed when the ShardSet
+goes away (and swept on a later start if the process was killed); with ``cache_dir`` it
+persists, so later epochs and runs skip downloads of what it still holds.
 """
 
 from __future__ import annotations
