@@ -27,7 +27,7 @@ from ..shards.build import (BuildError, BuildReport, SourceSample, check_output,
                             warn_stale, warner, write_folder_summary, write_shard_range)
 from ..shards.store import S3Options, StoreOptions
 from .runtime import connect
-from .tasks import chunk_size, cluster_cpus, gather, remote
+from .tasks import gather, remote, task_ranges
 
 
 def _plan(samples: Sequence[SourceSample], verdicts: list, skip_bad: bool, warn: Callable[[str], Any]) -> tuple[list, list, list[str]]:
@@ -68,8 +68,8 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
     connect()
     if shuffle_seed is not None:
         samples = shuffled(samples, shuffle_seed)
-    size = chunk_size(len(samples), cluster_cpus(), chunk, 64)
-    ranges = [(first, min(first + size, len(samples))) for first in range(0, len(samples), size)]
+    ranges = task_ranges(len(samples), chunk, 64)
+    size = ranges[0][1] - ranges[0][0]
     probe = remote(probe_samples)
     verdicts = [v for part in gather([probe.remote(samples[a:b], check_images) for a, b in ranges], [b - a for a, b in ranges], probed)
                 for v in part]

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from ..shards import IndexResult, ShardEntry, index_file, publish_indexes, write_summaries
 from ..shards.store import StoreOptions
 from .runtime import connect
-from .tasks import chunk_size, cluster_cpus, gather, remote
+from .tasks import gather, remote, task_ranges
 
 
 def _index_files(shards: Sequence[str], force: bool) -> list[IndexResult]:
@@ -33,11 +33,6 @@ def _publish(urls: Sequence[str], options: StoreOptions | None, force: bool) -> 
     for entry in entries:
         entry.index = None  # the driver needs the counts, not 10^8 samples' offsets
     return entries
-
-
-def _runs(count: int, chunk: int | None) -> list[tuple[int, int]]:
-    size = chunk_size(count, cluster_cpus(), chunk, 1)
-    return [(first, min(first + size, count)) for first in range(0, count, size)]
 
 
 def index_files_on_ray(shards: Sequence[str], *, force: bool = False, progress: Callable[[int], Any] | None = None,
@@ -53,7 +48,7 @@ def index_files_on_ray(shards: Sequence[str], *, force: bool = False, progress: 
     """
     connect()
     task = remote(_index_files)
-    runs = _runs(len(shards), chunk)
+    runs = task_ranges(len(shards), chunk, 1)
     parts = gather([task.remote(list(shards[a:b]), force) for a, b in runs], [b - a for a, b in runs], progress)
     return [result for part in parts for result in part]
 
@@ -72,7 +67,7 @@ def publish_indexes_on_ray(urls: Sequence[str], options: StoreOptions | None = N
     """
     connect()
     task = remote(_publish)
-    runs = _runs(len(urls), chunk)
+    runs = task_ranges(len(urls), chunk, 1)
     parts = gather([task.remote(list(urls[a:b]), options, force) for a, b in runs], [b - a for a, b in runs], progress)
     entries = [entry for part in parts for entry in part]
     write_summaries(entries, options)

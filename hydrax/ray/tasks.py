@@ -34,9 +34,11 @@ def chunk_size(count: int, cpus: float, chunk: int | None, least: int) -> int:
     return max(least, math.ceil(count / max(1.0, 4 * cpus)))
 
 
-def cluster_cpus() -> float:
-    """The CPUs of the Ray cluster this process is connected to."""
-    return import_ray().cluster_resources().get("CPU", 1)
+def task_ranges(count: int, chunk: int | None, least: int) -> list[tuple[int, int]]:
+    """``(first, end)`` of the items of each task, for ``count`` items cut by :func:`chunk_size`
+    for the cluster this process is connected to."""
+    size = chunk_size(count, import_ray().cluster_resources().get("CPU", 1), chunk, least)
+    return [(first, min(first + size, count)) for first in range(0, count, size)]
 
 
 def gather(refs: list, sizes: list[int], on_done: Callable[[int], Any] | None) -> list:

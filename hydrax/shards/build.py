@@ -97,9 +97,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import HydraxError, ObjectNotFoundError
-from .catalog import INDEX_SUFFIX, ShardEntry, update_summary
+from .catalog import INDEX_SUFFIX, ShardEntry, write_summaries
 from .indexfile import ShardIndex, index_path
-from .store import S3Options, StoreOptions, is_remote, run_async, store_for
+from .store import S3Options, StoreOptions, is_remote, store_for
 from .tarindex import IMAGE_EXTENSIONS
 from .verify import decode_check
 from .writer import ShardWriter
@@ -704,8 +704,7 @@ class _Output:
     def write_summary(self, entries: Sequence[ShardEntry]) -> None:
         """Add ``entries`` to the folder summary of a remote pattern (nothing for a local one)."""
         if self.remote and entries:
-            listed = {info.url: info for info in self.store.list(self.folder + "/")}
-            run_async(update_summary(self.folder, entries, listed, self.options))
+            write_summaries(entries, self.options)
 
     def remove(self, numbers: Iterable[int]) -> None:
         """Delete the shards of these numbers and their indexes, where they exist."""
