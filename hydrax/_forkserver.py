@@ -27,6 +27,7 @@ What the server does instead:
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.machinery
 import json
@@ -107,6 +108,12 @@ def _preload() -> None:
                 os.unlink(path)
             except OSError:
                 pass
+    # The server exits when the main process does, killed or not: a killed one leaves its
+    # read-ahead folder, in /dev/shm where it held memory, until a later hydrax process sweeps it.
+    # The server sweeps it as it goes (imported now: at exit, imports that start threads fail).
+    from .shards.readahead import sweep_dead_roots
+
+    atexit.register(sweep_dead_roots)
     config = json.loads(raw)
     # The parent set these only to start this server with its module path (see
     # hydrax.processes.warm_forkserver): workers and what they run see its own values.

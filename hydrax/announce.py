@@ -79,7 +79,8 @@ class Announcer:
                 pass
 
     def start(self, taken: Iterable[InFlight]) -> None:
-        """Start announcing: first the batches ``taken`` before (loading already), then the queue."""
+        """Start announcing: first the batches ``taken`` before (loading already), then the queue
+        (again: nothing more)."""
         if not self._readers:
             return
         self._announcing = True

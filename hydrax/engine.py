@@ -80,6 +80,8 @@ class Engine:
                                  pool=self.pool, cache=self.cache, placement_func=self._functions.placement_func,
                                  agreement=self.agreement, stride=self._plan.stream[1] if self._plan.stream else 1)
         self.pipeline.prefill()
+        if self.method == "forkserver":
+            self.pipeline.announce()
         # With the fork server, what cannot be pickled raises errors.ConfigPicklingError (a
         # TypeError) here, naming the part and what to do.
         if policy.loader_count:

@@ -147,6 +147,12 @@ class Pipeline:
         if not any(run.cache is not None for run in self._groups):
             self._fill()
 
+    def announce(self) -> None:
+        """Tell data that reads ahead of the first batches now, so their bytes are on the way while
+        the workers start. Only for workers started from the fork server: a forked worker must
+        not inherit the read-ahead's threads (the thread announces then, once they exist)."""
+        self._announcer.start(self._inflight.values())
+
     def start(self) -> None:
         """Start the pipeline thread (the workers are started by then)."""
         self.thread.start()

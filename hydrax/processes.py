@@ -115,24 +115,45 @@ def watch_jax_start() -> None:
 
 def _on_backend(_backend) -> None:
     # Runs inside JAX's backend initialisation: start a process, call nothing of JAX.
+    start_forkserver_early()
+
+
+def start_forkserver_early(background: bool = False, main_imports: bool = True) -> None:
+    """Start the fork server ahead of the run that will need it (JAX was just initialised, or a
+    dataset made remote reads that a forked worker could not make), so that its imports are
+    not on the way to the first batch; ``background`` starts it from a thread, so the caller
+    does not wait the tenth of a second a start takes; ``main_imports=False`` imports only
+    hydrax's worker code there (a run may follow at once: workers then import what else they
+    use themselves, rather than wait for the server to import all the main module has, JAX
+    included). Never in a worker, a Ray worker or the server itself, nor while a run is loading.
+    """
     from . import _forkserver
 
-    if os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING or RAY_WORKER_ENV in os.environ:
+    if (os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING or RAY_WORKER_ENV in os.environ
+            or mp.parent_process() is not None):
         return
     if any(t.name == PIPELINE_THREAD for t in threading.enumerate()):
         # A run is loading (its first batch is what initialises JAX): the server's imports would
         # take seconds of CPU from its workers, on a small host a fifth of the epoch. The next
         # run starts the server when it is made, as it would without this hook.
         return
-    try:
-        warm_forkserver()
-    except Exception:  # the run will start it later and report any problem then
-        pass
+
+    def start() -> None:
+        try:
+            warm_forkserver(main_imports=main_imports)
+        except Exception:  # the run will start it later and report any problem then
+            pass
+
+    if background:
+        threading.Thread(target=start, name="hydrax-forkserver-start", daemon=True).start()
+    else:
+        start()
 
 
-def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
+def warm_forkserver(modules: Sequence[str | None] = (), main_imports: bool = True) -> None:
     """Start the fork server now (if it is not running), with hydrax, cloudpickle, the modules
-    the main module has imported and ``modules`` imported in it (never the main module itself).
+    the main module has imported (unless ``main_imports`` is False) and ``modules`` imported in
+    it (never the main module itself).
 
     Workers forked from it then start in milliseconds instead of importing JAX and the rest
     each. Modules named after the server has started are imported by each worker instead, as
@@ -157,7 +178,8 @@ def warm_forkserver(modules: Sequence[str | None] = ()) -> None:
     environment = _server_environment(path)
     if running is None or not process_alive(running):
         _check_server_finds_this_hydrax(environment["PYTHONPATH"].split(os.pathsep))
-    preload = [m for m in dict.fromkeys([*_main_imports(), *modules]) if m and m not in ("__main__", "__mp_main__")]
+    preload = [m for m in dict.fromkeys([*(_main_imports() if main_imports else ()), *modules])
+               if m and m not in ("__main__", "__mp_main__")]
     text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": path, "modules": preload,
                        "environ": {name: os.environ.get(name) for name in environment}})
     spill = None
@@ -348,13 +370,17 @@ def tune_malloc() -> None:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user counts as alive): what decides if
-    a file named after the process that writes it is a dead process's leftover."""
+    """Whether process ``pid`` exists (one of another user counts as alive, a zombie does not):
+    what decides if a file named after the process that writes it is a dead process's leftover."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # exited, not yet reaped
+    except (OSError, IndexError):
+        return True
 

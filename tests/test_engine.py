@@ -1,5 +1,6 @@
 """The engine of a run: arena, workers, pipeline, cache writers, started and stopped together."""
 
+import multiprocessing
 import os
 
 import pytest
@@ -38,6 +39,38 @@ def test_a_started_engine_runs_the_schedule_and_a_closed_one_leaves_nothing():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+class Announced(list):
+    """A list that reads ahead: it records how many workers had started at each announcement."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.workers_then = []
+
+    def prefetch(self, key, indices, order):
+        self.workers_then.append(len(multiprocessing.active_children()))
+
+    def release(self, key):
+        pass
+
+    def __reduce__(self):  # workers get a plain list: only the main process hears announcements
+        return list, (list(self),)
+
+
+def test_from_the_fork_server_the_first_batches_are_announced_before_the_workers_start(monkeypatch):
+    # Their bytes are then on the way while the workers start. (Forked workers must not inherit
+    # the threads read-ahead starts: then the pipeline announces once they exist.)
+    monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")
+    data = Announced(range(8))
+    run = engine(data=data)
+    run.start()
+    try:
+        out = drain(run)
+        assert isinstance(out[-1], End) and sum(out[:-1], []) == list(range(8))
+    finally:
+        run.close()
+    assert data.workers_then == [0, 0, 0, 0]  # the whole run (4 batches) heard of before any worker
 
 
 def test_a_failed_start_can_be_closed(monkeypatch, tmp_path):

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from hydrax.shards.readahead import DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, ReadAhead, choose_budget, host_room
+from hydrax.shards.readahead import (DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, ReadAhead, choose_budget, host_room,
+                                     memory_folder_fits)
 
 GB = 10**9
 
@@ -33,6 +34,15 @@ def test_a_given_budget_is_kept_and_a_starved_host_still_gets_the_floor():
     starved = choose_budget(None, 10 * GB, available_memory=1 << 20, free_disk=1 << 20, persistent=False)
     assert starved.bytes == MIN_BUDGET and not starved.holds_data
     assert "read-ahead budget" in starved.describe() and "of the remote data" in starved.describe()
+
+
+def test_private_folders_go_to_memory_only_where_it_has_room():
+    # a host's /dev/shm (half its memory) holds what the memory share allows
+    assert memory_folder_fits(2 * GB, available=24 * GB, free=12 * GB)
+    assert memory_folder_fits(1600 * GB, available=24 * GB, free=12 * GB)
+    # a container's 64 MiB /dev/shm does not: the temporary directory is used instead
+    assert not memory_folder_fits(2 * GB, available=24 * GB, free=64 << 20)
+    assert memory_folder_fits(10 << 20, available=24 * GB, free=64 << 20)
 
 
 def test_the_host_room_is_measured(tmp_path):

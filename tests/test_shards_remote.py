@@ -34,11 +34,11 @@ def proxied(s3_store):
         yield S3Options(endpoint_url=proxy.url, max_attempts=3, read_timeout=slack(5), **KEYS), proxy, client
 
 
-def write_shards(tmp_path, client, count=6, per_shard=20, prefix="shards", indexes=True, options=None):
+def write_shards(tmp_path, client, count=6, per_shard=20, prefix="shards", indexes=True, options=None, sample_bytes=SAMPLE_BYTES):
     """Upload ``count`` shards of ``per_shard`` samples (fields cls, bin); with index objects."""
     with ShardWriter(str(tmp_path / "w-%03d.tar"), maxcount=per_shard, index=False) as writer:
         for i in range(count * per_shard):
-            payload = np.full(SAMPLE_BYTES // 4, i, np.int32).tobytes()
+            payload = np.full(sample_bytes // 4, i, np.int32).tobytes()
             writer.write({"__key__": f"k{i:05d}", "cls": str(i), "bin": payload})
     for path in writer.paths:
         client.upload_file(path, "data", f"{prefix}/{os.path.basename(path)}")
@@ -272,6 +272,65 @@ def test_random_order_reads_ahead_with_coalesced_ranges_or_whole_shards_and_resu
     assert resumed == full[26:]
 
 
+def test_a_remote_shardset_starts_the_fork_server_without_the_scripts_imports(proxied, tmp_path):
+    # Set-up makes remote requests, after which workers start from the fork server: it is started
+    # as set-up begins, with hydrax's worker code only (a run may follow at once; the script's
+    # JAX would take a second to import there).
+    import subprocess
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=2, options=options)
+    script = f"""
+import multiprocessing, time
+import jax
+from multiprocessing import forkserver
+from hydrax.shards import S3Options, ShardSet
+ShardSet({urls!r}, s3=S3Options(endpoint_url={options.endpoint_url!r}, access_key_id="testing", secret_access_key="testing",
+         region="us-east-1"), cache_dir={str(tmp_path / "cache")!r})
+deadline = time.monotonic() + 30
+while getattr(forkserver._forkserver, "_forkserver_pid", None) is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(forkserver._forkserver._forkserver_pid is not None)  # started by the ShardSet
+child = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(5,))
+child.start()  # forked once the server's imports are done: its memory is the server's
+with open(f"/proc/{{child.pid}}/maps") as maps:
+    print("jaxlib" in maps.read(), flush=True)
+child.kill()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=slack(120))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]
+
+
+@pytest.mark.slow
+def test_chunks_come_as_batches_need_them_within_a_budget_far_below_the_data(proxied, tmp_path):
+    from hydrax.shards.readahead import CHUNK_BYTES, URGENT_BYTES
+
+    options, proxy, client = proxied
+    # 3 shards of 24 samples of 1 MB: 3 chunks each, 72 MB in all
+    urls = write_shards(tmp_path, client, count=3, per_shard=24, options=options, sample_bytes=1 << 20)
+    total = 3 * 24 * ((1 << 20) + 1536)
+    small = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(max_bytes=3 * CHUNK_BYTES))
+    proxy.clear()
+    seen = run_epochs(small, batch=8, shuffle_later="shardwise", shard_window=1)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(72))
+    stats = small.readahead_stats
+    assert 0 < stats["held_peak"] <= stats["budget"] == 3 * CHUNK_BYTES and stats["evicted"] > 0
+    down = proxy.stats()["body_bytes_down"]
+    assert down <= 1.25 * total + URGENT_BYTES // 4, f"{down / total:.2f}x the data"
+    # Fully shuffled with the default budget (the data fits): every batch touches every shard.
+    # The first batches' samples come singly (a round trip, not a chunk), then every chunk once.
+    large = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    seen = run_epochs(large, batch=8, shuffle_first=True)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(72))
+    gets = [r for r in proxy.requests_matching(r"\.tar$", method="GET")]
+    singles = [r for r in gets if r.body_bytes < 2 * (1 << 20)]
+    assert 1 <= len(singles) and sum(r.body_bytes for r in singles) <= URGENT_BYTES + (2 << 20)
+    assert sum(r.body_bytes for r in gets) <= total + URGENT_BYTES + (2 << 20)
+    assert large.readahead_stats["evicted"] == 0
+
+
 def test_a_store_that_dies_mid_epoch_ends_the_run_with_an_error(proxied, tmp_path):
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=4, options=options)
@@ -450,14 +509,16 @@ def test_the_private_readahead_folder_goes_with_its_shardset_and_after_a_killed_
     import subprocess
     import tempfile
 
-    from hydrax.shards.readahead import private_root
+    from hydrax.shards.readahead import MEMORY_FOLDER, private_bases, private_root
 
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=2, options=options)
     dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
     run_epochs(dataset, shuffle_later="shardwise")
-    mine = globbing.glob(os.path.join(tempfile.gettempdir(), f"hydrax-readahead-{os.getpid()}-*"))
+    mine = [f for base in private_bases() for f in globbing.glob(os.path.join(base, f"hydrax-readahead-{os.getpid()}-*"))]
     assert mine and any(os.listdir(folder) for folder in mine)  # read-ahead wrote there
+    # in memory, where it has room (this host's /dev/shm holds far more than 2 small shards)
+    assert os.path.dirname(mine[0]) == (MEMORY_FOLDER if os.path.isdir(MEMORY_FOLDER) else tempfile.gettempdir())
     del dataset
     gc.collect()
     assert not any(os.path.exists(folder) for folder in mine)
@@ -472,3 +533,26 @@ def test_the_private_readahead_folder_goes_with_its_shardset_and_after_a_killed_
     fresh = private_root()
     assert not os.path.exists(left)
     os.rmdir(fresh)
+    # A process with a remote ShardSet has a loader fork server, which outlives it by moments
+    # and sweeps its folder (in /dev/shm, memory) as it goes, without waiting for a later process.
+    script = f"""
+import time
+from multiprocessing import forkserver
+from hydrax.shards import S3Options, ShardSet
+dataset = ShardSet({urls!r}, s3=S3Options(endpoint_url={options.endpoint_url!r}, access_key_id="testing",
+                   secret_access_key="testing", region="us-east-1"), cache_dir={str(tmp_path / "cache")!r})
+while getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+    time.sleep(0.01)
+print(dataset._root, flush=True)
+time.sleep(60)
+"""
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    left = child.stdout.readline().strip()
+    assert os.path.isdir(left)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    deadline = time.monotonic() + slack(20)
+    while os.path.exists(left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(left)

@@ -2,39 +2,46 @@
 
 The schedule is a pure function of (seed, epoch), so the main process knows long in advance which
 samples each batch holds. The Dataloader announces upcoming batches to their data
-(``data.prefetch(key, indices, order)``, then ``data.release(key)`` once the batch is loaded);
-for a :class:`~hydrax.shards.ShardSet` with remote shards, a :class:`Fetcher` thread in the main
-process turns those announcements into requests, many in flight at once, and writes what arrives
-as files under one directory that every worker of the host reads:
+(``data.prefetch(key, indices, order)``, in the order they will be loaded, then
+``data.release(key)`` once the batch is loaded); for a :class:`~hydrax.shards.ShardSet` with
+remote shards, a :class:`Fetcher` thread in the main process turns those announcements into
+requests, many in flight at once, and writes what arrives as files under one directory that every
+worker of the host reads:
 
-- in ``sequential`` and ``shardwise`` order, shards are *streamed whole*, one request per
-  shard, and written as sample-aligned chunks of about :data:`CHUNK_BYTES` (``c000012``), each
-  visible to workers as soon as it is complete, so a sample never spans two files and a worker
-  reads it zero-copy from a mapping;
-- in any other order, the announced samples are read with ranged requests, neighbours coalesced
-  into one request, and written one file per sample (``s00000042``), unless the announced
-  batches read most of a shard (the look-ahead covers much of the epoch), which is then
-  streamed too.
+- each shard is cut into sample-aligned chunks of about :data:`CHUNK_BYTES` (``c000012``), so a
+  sample never spans two files and a worker reads it zero-copy from a mapping. When the announced
+  batches read a good part of a shard (most of it, in a shuffled order), the chunks they need
+  are queued by the first batch that needs each, and ``streams`` fetchers take them in that
+  order, one ranged request for a run of consecutive queued chunks (up to :data:`SPAN_BYTES`);
+  a chunk is visible to workers as soon as it is complete;
+- otherwise (a few samples of a shard: a budget far below the data, in a shuffled order) the
+  announced samples are read with ranged requests, neighbours coalesced into one request, and
+  written one file per sample (``s00000042``);
+- when a run starts, its first batches' samples whose chunks are not there yet are also read
+  singly (up to :data:`URGENT_BYTES`), so the first batch waits for one round trip rather than
+  for chunks; a shuffled batch touches a chunk of nearly every shard.
 
-A file is written under a temporary name (``.c000012.part``) and renamed when complete; a worker
-that needs a sample whose file is being written waits for it, and one whose sample was not read
-ahead reads it itself (one ranged request), so read-ahead never blocks progress. Reads are pinned
-to the version (ETag) each shard was indexed at.
+A file is written under a temporary name (``.c000012.part``, made when its request is sent) and
+renamed when complete; a worker that needs a sample whose file is on its way waits for it, and
+one whose sample was not read ahead reads it itself (one ranged request), so read-ahead never
+blocks progress. Reads are pinned to the version (ETag) each shard was indexed at.
 
 Memory is bounded by a budget (:class:`Budget`): ``ReadAhead(max_bytes=...)`` when given, else
 sized for the run by :func:`choose_budget`: the remote data itself when the host can hold it (an
 epoch is then read once, and later epochs read nothing), else a share of the host's available
 memory (or, for a persistent ``cache_dir``, of its disk). Files of batches that are loaded are
 evicted, least recently used first, to make room; when everything held is still needed, the
-fetcher waits. By default the directory is private to the process and removed when the ShardSet
-goes away (and swept on a later start if the process was killed); with ``cache_dir`` it
-persists, so later epochs and runs skip downloads of what it still holds.
+fetcher waits. By default the directory is private to the process, in memory (``/dev/shm``)
+where that has room, and removed when the ShardSet goes away (and swept on a later start if the
+process was killed); with ``cache_dir`` it persists, so later epochs and runs skip downloads of
+what it still holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import logging
 import os
 import re
@@ -65,11 +72,21 @@ WAIT_S = 15.0
 #: A temporary file in a persistent cache untouched this long was left by a killed process.
 STALE_PART_S = 600
 _PRIVATE_PREFIX = "hydrax-readahead-"
-#: A shard is streamed whole once the announced, unloaded batches read this share of its samples.
+#: A shard's chunks are fetched once the announced, unloaded batches read this share of its samples.
 STREAM_FRACTION = 0.1
 #: The same in any other order.
 RANDOM_STREAM_FRACTION = 0.5
-#: Orders in which a group reads whole shards (worth streaming).
+#: The most bytes of consecutive queued chunks one request brings.
+SPAN_BYTES = 32 << 20
+#: When a run starts, the samples of its first batches whose chunks are not there yet are also
+#: read singly, up to this many bytes: the first batch then waits for one round trip, not for
+#: its chunks (a shuffled batch touches a chunk of nearly every shard).
+URGENT_BYTES = 16 << 20
+#: ... and of at most this many batches,
+URGENT_BATCHES = 4
+#: ... in chunks at least this large (a smaller chunk comes as fast as its samples would).
+URGENT_CHUNK = 1 << 20
+#: Orders in which a group reads whole shards (worth fetching by chunks early).
 STREAMING_ORDERS = ("sequential", "shardwise")
 #: The least budget :func:`choose_budget` picks: a few chunks for each stream.
 MIN_BUDGET = 64 << 20
@@ -92,7 +109,7 @@ class ReadAhead:
         by ``max_bytes``, least recently used evicted); None: a private temporary directory,
         removed when the ShardSet is.
     :param requests: ranged requests in flight at once.
-    :param streams: whole-shard streams at once.
+    :param streams: chunk requests in flight at once.
     :param enabled: False reads every sample with its own request when a worker needs it.
     """
 
@@ -237,19 +254,55 @@ def part_name(name: str) -> str:
     return f".{name}.part"
 
 
-def private_root() -> str:
-    """A new private read-ahead directory; directories of dead processes are swept first."""
-    base = tempfile.gettempdir()
+#: Where a private read-ahead folder goes when it fits: memory, like the budget it holds (a disk
+#: file system would add its writeback to every byte the fetcher writes).
+MEMORY_FOLDER = "/dev/shm"
+
+
+def private_bases() -> list[str]:
+    """The folders private read-ahead folders are made in (and swept from)."""
+    bases = [tempfile.gettempdir()]
+    if os.path.isdir(MEMORY_FOLDER) and os.access(MEMORY_FOLDER, os.W_OK | os.X_OK):
+        bases.insert(0, MEMORY_FOLDER)
+    return bases
+
+
+def private_base(wanted: int) -> str:
+    """Where a new private read-ahead folder for a budget of up to ``wanted`` bytes goes:
+    :data:`MEMORY_FOLDER` when its free space leaves the budget as large as memory would (not a
+    container's 64 MiB one), else the temporary directory."""
+    bases = private_bases()
+    if bases[0] == MEMORY_FOLDER and memory_folder_fits(wanted, *host_room(MEMORY_FOLDER)):
+        return MEMORY_FOLDER
+    return bases[-1]
+
+
+def memory_folder_fits(wanted: int, available: int, free: int) -> bool:
+    """Whether a memory folder with ``free`` bytes free leaves a budget of up to ``wanted`` bytes
+    as large as ``available`` memory would (:func:`choose_budget`'s shares; a pure function)."""
+    return DISK_SHARE * free >= min(wanted, MEMORY_SHARE * available)
+
+
+def private_root(wanted: int = 0) -> str:
+    """A new private read-ahead directory, for a budget of up to ``wanted`` bytes (see
+    :func:`private_base`); directories of dead processes are swept first."""
+    sweep_dead_roots()
+    return tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=private_base(wanted))
+
+
+def sweep_dead_roots() -> None:
+    """Remove the private read-ahead directories of processes that are gone (killed: a live one
+    removes its own)."""
     pattern = re.compile(re.escape(_PRIVATE_PREFIX) + r"(\d+)-")
-    try:
-        entries = os.listdir(base)
-    except OSError:
-        entries = []
-    for entry in entries:
-        match = pattern.match(entry)
-        if match and not process_alive(int(match.group(1))):
-            shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-", dir=base)
+    for base in private_bases():
+        try:
+            entries = os.listdir(base)
+        except OSError:
+            entries = []
+        for entry in entries:
+            match = pattern.match(entry)
+            if match and not process_alive(int(match.group(1))):
+                shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
 def remove_private_root(root: str, owner: int) -> None:
@@ -312,18 +365,22 @@ class Fetcher:
         self._units: OrderedDict[tuple[int, str], _Unit] = OrderedDict()  # least recently used first
         self._batches: dict[Any, list[_Unit]] = {}
         self._bytes = 0
-        self._streaming: set[int] = set()
         self._outstanding: dict[int, int] = {}  # shard -> samples announced, not yet released
         self._counts: dict[Any, dict[int, int]] = {}
         self._pending: list[tuple] = []
         self._unplanned: set[Any] = set()
         self._flush_scheduled = False
+        self._rank = 0  # announcements so far: the order batches are needed in
+        self._ranks: dict[Any, int] = {}
+        self._queue: list[tuple[int, int, int]] = []  # heap of (rank of the first batch needing it, shard, chunk)
+        self._urgent_left = 0
+        self._urgent_until = 0
         self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0}
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._room: asyncio.Condition | None = None
+        self._work: asyncio.Condition | None = None
         self._requests: asyncio.Semaphore | None = None
-        self._streams: asyncio.Semaphore | None = None
         self._closed = False
         self._foreign: OrderedDict[str, int] | None = None  # files of earlier runs in a persistent cache
         if options.cache_dir is not None:
@@ -336,8 +393,10 @@ class Fetcher:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._room = asyncio.Condition()
+        self._work = asyncio.Condition()
         self._requests = asyncio.Semaphore(self.options.requests)
-        self._streams = asyncio.Semaphore(self.options.streams)
+        for _ in range(self.options.streams):
+            self._loop.create_task(self._fetch_chunks())
         self._ready.set()
         self._loop.run_forever()
         pending = asyncio.all_tasks(self._loop)
@@ -360,7 +419,8 @@ class Fetcher:
 
     # -- announcements (any thread) ----------------------------------------------------------
     def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
-        """Batch ``key`` will read ``samples`` of ``shards`` (parallel arrays), in ``order``."""
+        """Batch ``key`` will read ``samples`` of ``shards`` (parallel arrays), in ``order``;
+        batches are announced in the order they are needed."""
         self._call(self._announce, key, shards, samples, order)
 
     def release(self, key: Any) -> None:
@@ -383,12 +443,19 @@ class Fetcher:
         return unit
 
     def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+        if not self._counts:
+            # Nothing announced is waiting: a run starts (or resumes). Its first batches cannot
+            # wait for chunks: their samples are also read singly, up to URGENT_BYTES.
+            self._urgent_left = min(URGENT_BYTES, self.options.max_bytes // 4)
+            self._urgent_until = self._rank + URGENT_BATCHES
         # Announcements come in bursts (a whole look-ahead at the start of a run): plan them
-        # together, so the choice between streaming a shard and reading its samples sees them all.
+        # together, so the choice between fetching a shard's chunks and reading its samples sees them all.
         counts = dict(zip(*(a.tolist() for a in np.unique(shards, return_counts=True))))
         for shard, n in counts.items():
             self._outstanding[shard] = self._outstanding.get(shard, 0) + n
         self._counts[key] = counts
+        self._rank += 1
+        self._ranks[key] = self._rank
         self._pending.append((key, shards, samples, order))
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -401,7 +468,34 @@ class Fetcher:
     async def _flush(self) -> None:
         self._flush_scheduled = False
         pending, self._pending = self._pending, []
-        # Indexes not loaded yet (a manifest gave only counts) load together, many at once.
+        # The burst is planned in slices of 1, 2, 4, ... batches, each once the indexes it needs
+        # are loaded (many at once): the first batch's reads start after one round of index
+        # loads, not after the whole look-ahead's.
+        first = 0
+        while first < len(pending):
+            part = pending[first : 2 * first + 1]
+            first += len(part)
+            unindexed = await self._load_layouts(part)
+            # Ranged reads of a slice are coalesced together (neighbours are often announced by
+            # different batches), and sent in the order of the first batch that needs each.
+            random_wanted: dict[int, dict[int, int]] = {}
+            for item in part:
+                rank = self._ranks.get(item[0], self._rank)
+                for shard, samples in self._plan(*item, unindexed).items():
+                    wanted = random_wanted.setdefault(shard, {})
+                    for sample in samples:
+                        wanted.setdefault(sample, rank)
+            runs = [(min(wanted[s] for s in run), shard, run) for shard, wanted in random_wanted.items()
+                    for run in _coalesce(self._layout(shard), sorted(wanted))]
+            for _, shard, run in sorted(runs, key=lambda r: r[:2]):
+                self._loop.create_task(self._read_run(shard, run))
+            if self._queue:
+                async with self._work:
+                    self._work.notify_all()
+
+    async def _load_layouts(self, pending: list[tuple]) -> set[int]:
+        """Load the indexes of the shards ``pending`` batches read (those a manifest gave only
+        counts for), many at once; returns the shards whose index failed to load."""
         shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
         results = await asyncio.gather(*(self._limited(self._layout_async, s) for s in shards), return_exceptions=True)
         unindexed = set()
@@ -409,27 +503,19 @@ class Fetcher:
             if isinstance(result, BaseException):
                 log.debug("read-ahead: no index for shard %d: %s", shard, result)
                 unindexed.add(shard)
-        # Ranged reads of the whole burst are coalesced together: neighbours are often announced by
-        # different batches.
-        random_wanted: dict[int, set[int]] = {}
-        for item in pending:
-            for shard, samples in self._plan(*item, unindexed).items():
-                random_wanted.setdefault(shard, set()).update(samples)
-        for shard, wanted in random_wanted.items():
-            for run in _coalesce(self._layout(shard), sorted(wanted)):
-                self._loop.create_task(self._read_run(shard, run))
+        return unindexed
 
     def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str, unindexed: set[int]) -> dict[int, list[int]]:
-        """Refer batch ``key`` to the files it needs and start streams; returns the samples to read
-        with ranged requests, by shard. The ``unindexed`` shards' indexes just failed to load: they
-        are left to the workers' own reads, which report why (loading again here would block the
-        event loop for a second failure)."""
+        """Refer batch ``key`` to the files it needs and queue the chunks to fetch; returns the
+        samples to read with ranged requests, by shard. The ``unindexed`` shards' indexes just
+        failed to load: they are left to the workers' own reads, which report why (loading again
+        here would block the event loop for a second failure)."""
         if key in self._unplanned:
             self._unplanned.discard(key)
             return {}
+        rank = self._ranks.get(key, self._rank)
         needed: list[_Unit] = []
         random_wanted: dict[int, list[int]] = {}
-        stream_wanted: set[int] = set()
         for shard in np.unique(shards).tolist():
             if shard in unindexed:
                 continue
@@ -438,45 +524,55 @@ class Fetcher:
             except Exception as exc:  # the worker's own read will report it
                 log.debug("read-ahead: no layout for shard %d: %s", shard, exc)
                 continue
-            # Stream a shard when the batches announced and not yet loaded read a good part of it
-            # (in a shuffled order, most of it: the look-ahead then covers much of the epoch); a few
-            # items of a shard (items spilled from another partition, say) are read alone.
+            # Fetch a shard's chunks when the batches announced and not yet loaded read a good
+            # part of it (in a shuffled order, most of it: the look-ahead then covers much of the
+            # epoch); a few items of a shard (items spilled from another partition, say) are read alone.
             fraction = STREAM_FRACTION if order in STREAMING_ORDERS else RANDOM_STREAM_FRACTION
-            stream = self._outstanding.get(shard, 0) >= fraction * len(layout.starts)
+            by_chunk = self._outstanding.get(shard, 0) >= fraction * len(layout.starts)
             chosen = samples[shards == shard]
             chunks = np.searchsorted(layout.chunks, chosen, side="right") - 1
             for chunk in np.unique(chunks).tolist():
-                start, end = layout.chunk_span(chunk)
-                unit = self._unit(shard, chunk_name(chunk), end - start)
-                if stream or unit.state != "absent":
+                unit = self._unit(shard, chunk_name(chunk), _span_size(layout, chunk))
+                singly = not by_chunk and unit.state == "absent"
+                if not singly:
                     needed.append(unit)
                     if unit.state == "absent":
-                        stream_wanted.add(shard)
-                    continue
+                        unit.state = "queued"
+                        heapq.heappush(self._queue, (rank, shard, chunk))
+                    if unit.state == "present" or self._urgent_left <= 0 or rank > self._urgent_until or unit.size < URGENT_CHUNK:
+                        continue
                 for sample in chosen[chunks == chunk].tolist():
                     s_unit = self._unit(shard, sample_name(sample), int(layout.ends[sample] - layout.starts[sample]))
                     needed.append(s_unit)
                     if s_unit.state == "absent":
                         s_unit.state = "queued"
                         random_wanted.setdefault(shard, []).append(sample)
+                        if not singly:
+                            self._urgent_left -= s_unit.size
         for unit in needed:
             unit.refs += 1
         self._batches[key] = needed
-        for shard in sorted(stream_wanted):
-            if shard not in self._streaming:
-                self._streaming.add(shard)
-                self._loop.create_task(self._stream_shard(shard))
         return random_wanted
 
     def _release(self, key: Any) -> None:
+        self._ranks.pop(key, None)
         if key not in self._batches:  # loaded before it was planned: plan nothing for it
             self._unplanned.add(key)
             self._outstanding_drop(key)
             return
         for unit in self._batches.pop(key, ()):
             unit.refs -= 1
+            if unit.refs <= 0 and unit.state == "absent":
+                self._forget(unit)
         self._outstanding_drop(key)
         self._loop.create_task(self._notify())
+
+    def _forget(self, unit: _Unit) -> None:
+        """Drop an absent unit no batch needs: the units held stay within what is read ahead,
+        whatever the dataset's size."""
+        key = (unit.shard, unit.name)
+        if self._units.get(key) is unit:
+            del self._units[key]
 
     def _outstanding_drop(self, key: Any) -> None:
         for shard, n in self._counts.pop(key, {}).items():
@@ -486,18 +582,40 @@ class Fetcher:
         async with self._room:
             self._room.notify_all()
 
-    async def _reserve(self, unit: _Unit) -> bool:
-        """Make room for ``unit``, waiting while everything held is still needed; False when it is
-        larger than the whole budget (workers then read its samples themselves)."""
+    async def _reserve(self, unit: _Unit, wait: bool = True) -> bool:
+        """Make room for ``unit``, waiting while everything held is still needed (unless not
+        ``wait``); False when it is larger than the whole budget (workers then read its samples
+        themselves), or there is no room and no waiting."""
         async with self._room:
             while self._bytes + unit.size > self.options.max_bytes:
                 if not self._evict(self._bytes + unit.size - self.options.max_bytes):
-                    if unit.size > self.options.max_bytes:
+                    if unit.size > self.options.max_bytes or not wait:
                         return False
                     await self._room.wait()
             self._bytes += unit.size
             self.stats["held_peak"] = max(self.stats["held_peak"], self._bytes)
             return True
+
+    async def _reserve_needed(self, unit: _Unit, wait: bool = True) -> bool:
+        """:meth:`_reserve` for a chunk some announced batch still needs once there is room;
+        False (the chunk left absent) when it is needed no more or larger than the budget (or,
+        without ``wait``, when there is no room now)."""
+        if unit.refs > 0 and await self._reserve(unit, wait):
+            if unit.refs > 0:
+                return True
+            async with self._room:
+                self._bytes -= unit.size
+                self._room.notify_all()
+        unit.state = "absent"
+        if unit.refs <= 0:
+            self._forget(unit)
+        return False
+
+    def _give_back(self, unit: _Unit) -> None:
+        """Return the room reserved for ``unit``, which will not be written."""
+        unit.state = "absent"
+        self._bytes -= unit.size
+        self._forget(unit)
 
     def _evict(self, wanted: int) -> bool:
         """Remove present, unreferenced files, least recently used first (files of earlier runs
@@ -520,9 +638,11 @@ class Fetcher:
         return freed >= wanted
 
     def _begin(self, unit: _Unit, directory: str) -> str:
+        """Mark ``unit`` as being written: workers that need it wait for it from now on."""
         os.makedirs(directory, exist_ok=True)
         unit.state = "writing"
         part = os.path.join(directory, part_name(unit.name))
+        open(part, "wb").close()
         return part
 
     def _finish(self, unit: _Unit, directory: str, part: str) -> None:
@@ -539,80 +659,116 @@ class Fetcher:
             unit.state = "absent"
             self._bytes -= unit.size if part is not None else 0
 
-    async def _stream_shard(self, shard: int) -> None:
-        """Stream the rest of a shard from its first missing chunk, writing chunk files as they fill."""
+    async def _next_span(self) -> tuple[int, int, list[int]]:
+        """``(rank, shard, chunks)``: the queued chunk the earliest batch needs, with the queued
+        chunks that follow it in its shard (one request brings up to :data:`SPAN_BYTES`); waits
+        while none is queued. Chunks no announced batch needs any more are dropped."""
+        async with self._work:
+            while True:
+                while self._queue:
+                    rank, shard, chunk = heapq.heappop(self._queue)
+                    unit = self._units.get((shard, chunk_name(chunk)))
+                    if unit is None or unit.state != "queued":
+                        continue
+                    if unit.refs <= 0:
+                        unit.state = "absent"
+                        self._forget(unit)
+                        continue
+                    span = [chunk]
+                    layout = self._layout(shard)
+                    size = unit.size
+                    while span[-1] + 1 < len(layout.chunks) and size < SPAN_BYTES:
+                        follower = self._units.get((shard, chunk_name(span[-1] + 1)))
+                        if follower is None or follower.state != "queued" or follower.refs <= 0:
+                            break
+                        span.append(span[-1] + 1)
+                        size += follower.size
+                    for c in span:
+                        self._units[(shard, chunk_name(c))].state = "claimed"
+                    return rank, shard, span
+                await self._work.wait()
+
+    async def _fetch_chunks(self) -> None:
+        """One of ``streams`` fetchers: takes spans of queued chunks, most urgent first."""
+        while True:
+            rank, shard, span = await self._next_span()
+            try:
+                await self._fetch_span(rank, shard, span)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats["failed"] += 1
+                log.warning("read-ahead of %s stopped (workers read its samples themselves): %s", self._layout(shard).url, exc)
+            finally:
+                for chunk in span:  # what was not written goes back to absent: needed again, it is queued again
+                    unit = self._units.get((shard, chunk_name(chunk)))
+                    if unit is not None and unit.state == "claimed":
+                        unit.state = "absent"
+
+    async def _fetch_span(self, rank: int, shard: int, span: list[int]) -> None:
+        """One ranged request for the consecutive chunks ``span`` of ``shard``, writing each chunk
+        file as it fills (workers map a chunk as soon as it is renamed into place)."""
         layout = self._layout(shard)
-        store = self._store(shard)
+        units = [self._units[(shard, chunk_name(c))] for c in span]
+        # Room for the chunks before the request is sent (waiting for the first only; the span
+        # ends where the budget has no room now): a fetcher waiting for room holds no response
+        # open, and fetches nothing its batches stopped needing meanwhile.
+        if not await self._reserve_needed(units[0]):
+            return
+        count = 1
+        while count < len(units) and await self._reserve_needed(units[count], wait=False):
+            count += 1
+        for chunk, unit in zip(span[count:], units[count:]):  # back in the queue, as they were
+            if unit.refs > 0:
+                unit.state = "queued"
+                heapq.heappush(self._queue, (rank, shard, chunk))
+        span, units = span[:count], units[:count]
+        parts: list[str] = []
+        index = 0
+        f = None
         try:
-            async with self._streams:
-                count = len(layout.chunks)
-                first = next((c for c in range(count) if self._unit(shard, chunk_name(c), _span_size(layout, c)).state == "absent"), None)
-                if first is None:
-                    return
-                start = layout.chunk_span(first)[0]
-                end = layout.chunk_span(count - 1)[1]
-                self.stats["requests"] += 1
-                chunk = first
-                unit = None
-                part = None
-                f = None
-                chunk_start, chunk_end = layout.chunk_span(chunk)
-                position = start
-                try:
-                    async for piece in store.stream_async(layout.url, start, end, version=layout.version):
-                        view = memoryview(piece)
-                        self.stats["bytes"] += len(view)
-                        while len(view):
-                            if f is None and chunk < count:
-                                unit = self._unit(shard, chunk_name(chunk), chunk_end - chunk_start)
-                                skip = unit.state != "absent" or not await self._reserve(unit)
-                                if skip:
-                                    unit = None
-                                else:
-                                    part = self._begin(unit, layout.directory)
-                                    f = open(part, "wb")
-                                # bytes between the previous chunk's end and this one's start (tar headers)
-                            gap = chunk_start - position
-                            if gap > 0:
-                                step = min(gap, len(view))
-                                view = view[step:]
-                                position += step
-                                continue
-                            take = min(chunk_end - position, len(view))
-                            if f is not None:
-                                f.write(view[:take])
-                            view = view[take:]
-                            position += take
-                            if position == chunk_end:
-                                if f is not None:
-                                    f.close()
-                                    f = None
-                                    self._finish(unit, layout.directory, part)
-                                    part = None
-                                chunk += 1
-                                if chunk < count:
-                                    chunk_start, chunk_end = layout.chunk_span(chunk)
-                                else:
-                                    break
-                except BaseException:
-                    if f is not None:
+            # Workers that need these chunks wait for them from now on rather than read their samples.
+            for unit in units:
+                parts.append(self._begin(unit, layout.directory))
+            start, end = layout.chunk_span(span[0])[0], layout.chunk_span(span[-1])[1]
+            self.stats["requests"] += 1
+            position = start
+            async for piece in self._store(shard).stream_async(layout.url, start, end, version=layout.version):
+                view = memoryview(piece)
+                self.stats["bytes"] += len(view)
+                while len(view) and index < len(span):
+                    chunk_start, chunk_end = layout.chunk_span(span[index])
+                    gap = chunk_start - position  # bytes between chunks (tar headers)
+                    if gap > 0:
+                        step = min(gap, len(view))
+                        view, position = view[step:], position + step
+                        continue
+                    if f is None:
+                        f = open(parts[index], "wb")
+                    take = min(chunk_end - position, len(view))
+                    f.write(view[:take])
+                    view, position = view[take:], position + take
+                    if position == chunk_end:
                         f.close()
-                    if unit is not None:
-                        self._abandon(unit, part)
-                    raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.stats["failed"] += 1
-            log.warning("read-ahead of %s stopped (workers read its samples themselves): %s", layout.url, exc)
+                        f = None
+                        self._finish(units[index], layout.directory, parts[index])
+                        index += 1
         finally:
-            self._streaming.discard(shard)
+            if f is not None:
+                f.close()
+            for i in range(index, len(units)):
+                if i < len(parts):
+                    self._abandon(units[i], parts[i])
+                else:  # reserved, never begun
+                    units[i].state = "absent"
+                    self._bytes -= units[i].size
 
     async def _read_run(self, shard: int, run: Sequence[int]) -> None:
         """One ranged request for the consecutive-ish samples ``run``, written one file each."""
         layout = self._layout(shard)
         units = [self._units.get((shard, sample_name(s))) for s in run]
         reserved = 0
+        parts: list[str] = []
         try:
             for unit in units:
                 if unit is None or not await self._reserve(unit):
@@ -624,14 +780,25 @@ class Fetcher:
                             rest.state = "absent"
                     return
                 reserved += 1
-            start, end = int(layout.starts[run[0]]), int(layout.ends[run[-1]])
             async with self._requests:
+                # Samples whose batches were loaded while this waited its turn (their workers read
+                # them) are not read again.
+                while units and units[0].refs <= 0:
+                    self._give_back(units.pop(0))
+                    run = run[1:]
+                while units and units[-1].refs <= 0:
+                    self._give_back(units.pop())
+                    run = run[:-1]
+                if not units:
+                    return
+                start, end = int(layout.starts[run[0]]), int(layout.ends[run[-1]])
+                # Workers that need these samples wait for them from now on rather than read them
+                # too (not before: while the request waits its turn, a worker's own read is sooner).
+                parts = [self._begin(unit, layout.directory) for unit in units]
                 self.stats["requests"] += 1
                 data = memoryview(await self._store(shard).read_async(layout.url, start, end - start, version=layout.version))
             self.stats["bytes"] += len(data)
-            os.makedirs(layout.directory, exist_ok=True)
-            for sample, unit in zip(run, units):
-                part = self._begin(unit, layout.directory)
+            for sample, unit, part in zip(run, units, parts):
                 with open(part, "wb") as f:
                     f.write(data[int(layout.starts[sample]) - start : int(layout.ends[sample]) - start])
                 self._finish(unit, layout.directory, part)
@@ -640,10 +807,11 @@ class Fetcher:
         except Exception as exc:
             self.stats["failed"] += 1
             log.warning("read-ahead of %d samples of %s failed (workers read them themselves): %s", len(run), layout.url, exc)
-            for unit in units:
+            for i, unit in enumerate(units):
                 if unit is not None and unit.state != "present":
-                    self._abandon(unit, None)
-                    self._bytes -= unit.size
+                    self._abandon(unit, parts[i] if i < len(parts) else None)
+                    if i >= len(parts) and i < reserved:
+                        self._bytes -= unit.size
 
     def _adopt_existing(self) -> None:
         """Count what a persistent cache already holds (oldest first), so the cap applies to it."""

@@ -45,6 +45,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
+from ..processes import start_forkserver_early
 from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index, load_index_async,
                       resolve_set)
 from .indexfile import ShardIndex
@@ -121,6 +122,11 @@ class ShardSet(Sequence["SampleRef"]):
         self.max_open = max_open
         self.max_indexes = max_indexes
         self._write_index = write_index
+        if _names_remote(urls):
+            # Set-up is about to make remote requests, after which workers start from the fork
+            # server: start it now, while set-up and the caller's next steps go on, rather
+            # than when the first run starts.
+            start_forkserver_early(background=True, main_imports=False)
         pins: dict = {}
         urls = self._pin(urls, revision, pins)
         self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index))
@@ -131,7 +137,7 @@ class ShardSet(Sequence["SampleRef"]):
             if self.readahead.cache_dir is not None:
                 self._root = os.path.join(self.readahead.cache_dir, "data")
             else:
-                self._root = private_root()
+                self._root = private_root(self._remote_bytes() * 9 // 8)
                 finalizer(self, self._root)
         self._init_process_state()
 
@@ -393,7 +399,7 @@ class ShardSet(Sequence["SampleRef"]):
         if self._root is None:
             return None
         if self._budget is None:
-            data = int(np.maximum(self._table.sizes[self._remote], 0).sum())
+            data = self._remote_bytes()
             available, free = host_room(self._root)
             available = max(0, available - sum(_CLAIMED.values()))
             self._budget = choose_budget(self.readahead.max_bytes, data, available, free, self.readahead.cache_dir is not None)
@@ -402,6 +408,9 @@ class ShardSet(Sequence["SampleRef"]):
                 weakref.finalize(self, _CLAIMED.pop, id(self), None)
             log.info("[hydrax] %s: %s", self, self._budget.describe())
         return self._budget
+
+    def _remote_bytes(self) -> int:
+        return int(np.maximum(self._table.sizes[self._remote], 0).sum())
 
     @property
     def readahead_stats(self) -> dict[str, int]:
@@ -435,6 +444,12 @@ class ShardSet(Sequence["SampleRef"]):
 
     def __repr__(self) -> str:
         return f"ShardSet({len(self.urls)} shards, {len(self)} samples)"
+
+
+def _names_remote(urls) -> bool:
+    """Whether ``urls`` (a URL, pattern or manifest, or a list of them) starts with a remote one."""
+    first = urls if isinstance(urls, (str, os.PathLike)) else next(iter(urls), "")
+    return isinstance(first, str) and is_remote(first)
 
 
 class SampleRef(Mapping[str, memoryview]):
