@@ -545,8 +545,11 @@ def test_a_forged_count_never_sizes_set_up(local, http_store, tmp_path):
         listing(f"http-{claim}", [(os.path.basename(served[0]), claim)], www, base)
     listing("overflow", [("s-000.tar", 2**62 - 1)] * 3)
     listing("missing-but-small", [("s-000.tar", 4), ("gone.tar", 3)])
+    # Set-up alone, within its memory: no loader fork server (a remote ShardSet starts one, from a
+    # thread whose stack and malloc arena this address-space limit would count).
     done = subprocess.run([sys.executable, "-c", BOUNDED, json.dumps(cases), str(tmp_path / "cache")], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"))
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+                                                           HYDRAX_START_METHOD="fork"))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert results.pop("missing-but-small") == ["ok", 7]
