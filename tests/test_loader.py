@@ -514,7 +514,13 @@ def test_no_file_descriptors_leak_across_runs():
     for _ in range(3):
         run(end_at=("epoch", 1))
     gc.collect()
+    # A descriptor another thread holds for a moment (the /dev/shm watch lists its folder) is not
+    # a leak: only one still open after a while is.
+    deadline = time.monotonic() + 2
     after = set(os.listdir("/proc/self/fd"))
+    while not after <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+        after = set(os.listdir("/proc/self/fd"))
 
     def target(fd):
         try:
