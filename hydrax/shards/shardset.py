@@ -447,8 +447,14 @@ class ShardSet(Sequence["SampleRef"]):
 
 
 def _names_remote(urls) -> bool:
-    """Whether ``urls`` (a URL, pattern or manifest, or a list of them) starts with a remote one."""
-    first = urls if isinstance(urls, (str, os.PathLike)) else next(iter(urls), "")
+    """Whether ``urls`` (a URL, pattern or manifest, or a list of them) starts with a remote one.
+    Only a sequence is looked into: the first item of a generator is not ours to take."""
+    if isinstance(urls, (str, os.PathLike)):
+        first = urls
+    elif isinstance(urls, Sequence) and len(urls):
+        first = urls[0]
+    else:
+        return False
     return isinstance(first, str) and is_remote(first)
 
 
