@@ -6,6 +6,9 @@ import os
 import numpy as np
 import pytest
 
+from support.leftovers import new_shm_entries
+from support.shmwatch import SHM
+
 from hydrax import _core
 from hydrax.arena import PAGE, STATUS_STRIDE, Arena, FdHandle, status_line
 
@@ -71,11 +74,11 @@ def test_status_lines_carry_heartbeats_items_and_the_stop_word():
 
 
 def test_the_memory_is_a_memfd_no_file_in_dev_shm():
-    before = set(os.listdir("/dev/shm"))
+    before = set(os.listdir(SHM))
     arena = Arena(depth=2, slot_size=1 << 20, workers=1)
     try:
         link = os.readlink(f"/proc/self/fd/{arena.handle().fd}")
-        assert link.startswith("/memfd:hydrax-arena") and set(os.listdir("/dev/shm")) == before
+        assert link.startswith("/memfd:hydrax-arena") and new_shm_entries(before) == set()
         arena.close_fd()
         with pytest.raises(RuntimeError, match="already closed"):
             arena.handle()

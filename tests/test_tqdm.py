@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 import tqdm as tqdm_package
+from support.leftovers import new_shm_entries
+from support.shmwatch import SHM
 from support.timing import slack_int
 
 from hydrax import DataGroup, Dataloader, TrainingBatch, ValidationBatch
@@ -52,18 +54,15 @@ def bar_states(text: str, description: str) -> list[str]:
     return re.findall(rf"{description}:[^\r\n]*?(\d+(?:/\d+)?)(?:batch)? ?\[", text)
 
 
-def shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 @pytest.fixture
 def clean_process():
-    """Checks that a test leaves no child processes, no /dev/shm files and the SIGINT handler as it was."""
-    before = shm_files()
+    """Checks that a test leaves no child processes, none of its own /dev/shm entries (other
+    xdist workers' loaders make and remove theirs meanwhile) and the SIGINT handler as it was."""
+    before = set(os.listdir(SHM))
     handler = signal.getsignal(signal.SIGINT)
     yield
     assert multiprocessing.active_children() == []
-    assert shm_files() - before == set()
+    assert new_shm_entries(before) == set()
     assert signal.getsignal(signal.SIGINT) is handler
 
 
