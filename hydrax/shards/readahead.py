@@ -158,6 +158,12 @@ class Budget:
         return f"read-ahead budget {gb(self.bytes)} ({why}; {held} of the remote data)"
 
 
+def data_budget(data_bytes: int) -> int:
+    """The budget that holds ``data_bytes`` of remote data whole: the data, an eighth more for
+    samples read singly before their chunks, and :data:`MIN_BUDGET`."""
+    return data_bytes + data_bytes // 8 + MIN_BUDGET
+
+
 def choose_budget(max_bytes: int | None, data_bytes: int, available_memory: int, free_disk: int, persistent: bool) -> Budget:
     """The read-ahead budget for ``data_bytes`` of remote shards on a host with ``available_memory``
     bytes free and ``free_disk`` bytes free where the files go (a pure function).
@@ -174,7 +180,7 @@ def choose_budget(max_bytes: int | None, data_bytes: int, available_memory: int,
     if not persistent and int(MEMORY_SHARE * available_memory) <= cap:
         cap, source = int(MEMORY_SHARE * available_memory), "memory"
     cap = max(MIN_BUDGET, cap)
-    wanted = data_bytes + data_bytes // 8 + MIN_BUDGET
+    wanted = data_budget(data_bytes)
     if wanted <= cap:
         return Budget(wanted, data_bytes, cap, "data")
     return Budget(cap, data_bytes, cap, source)

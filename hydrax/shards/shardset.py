@@ -50,7 +50,8 @@ from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand
                       resolve_set)
 from .indexfile import ShardIndex
 from .setindex import SetIndex
-from .readahead import Budget, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, finalizer, host_room, private_root
+from .readahead import (Budget, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget, finalizer, host_room,
+                        private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
@@ -137,7 +138,9 @@ class ShardSet(Sequence["SampleRef"]):
             if self.readahead.cache_dir is not None:
                 self._root = os.path.join(self.readahead.cache_dir, "data")
             else:
-                self._root = private_root(self._remote_bytes() * 9 // 8)
+                # the folder goes in memory when it has room for the budget this set will ask for
+                wanted = self.readahead.max_bytes or data_budget(self._remote_bytes())
+                self._root = private_root(wanted)
                 finalizer(self, self._root)
         self._init_process_state()
 
