@@ -1,17 +1,25 @@
-# hydrax: make demo | make test | make test-all | make fuzz | make bench | make docs
+# hydrax: make demo | make test | make test-all | make fuzz | make bench | make docs | make constraints
 # Each target creates .venv with the interpreter in $(PYTHON) when it is missing.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.hydrax-installed
 
-.PHONY: demo test test-all lint fuzz bench docs clean
+# Every install here takes its versions from constraints.txt, so a new machine gets the packages
+# the suite last passed with, not whatever the registry has today. pip reads PIP_CONSTRAINT in
+# the build environments it makes too (Cython, numpy, setuptools for hydrax/_core and for the
+# wheel tests), which its -c option does not reach. `make constraints` renews the file.
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+# uv resolves constraints.txt for every Python and Linux at once (pyproject.toml's [tool.uv])
+UV_VERSION := 0.13.9
+
+.PHONY: demo test test-all lint fuzz bench docs constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydrax/*.pxi) $(wildcard hydrax/*.h)
+$(STAMP): $(BIN)/python constraints.txt pyproject.toml setup.py hydrax/_core.pyx $(wildcard hydrax/*.pxi) $(wildcard hydrax/*.h)
+	$(BIN)/python -m pip install --quiet pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	# tensorcom 0.1.0, for the interoperability tests: its declared torch and webdataset are
 	# not needed by the modules the tests use (tenbin and zcom import numpy, pyzmq, braceexpand)
@@ -51,6 +59,17 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	$(BIN)/python -m sphinx -q -b html docs docs/_build/html
+
+# Resolve the newest versions the requirements in pyproject.toml allow (the build's, every extra's,
+# and pip's own) into constraints.txt, for Python 3.10-3.12 on Linux (run it from a .venv of
+# Python 3.11 or later: it reads pyproject.toml with tomllib). Run it on purpose, then run
+# `make test-all` on the result and commit both together.
+constraints: $(BIN)/python
+	PIP_CONSTRAINT= $(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], 'pip', sep='\\n')" > $(VENV)/build-requires.in
+	$(BIN)/uv pip compile --quiet --universal --python-version 3.10 --upgrade --custom-compile-command "make constraints" \
+		--extra test --extra docs --extra all --extra examples pyproject.toml $(VENV)/build-requires.in -o constraints.txt
+	@echo "constraints.txt renewed: git diff constraints.txt shows what moved"
 
 clean:
 	rm -rf build docs/_build hydrax/_core.c hydrax/_core*.so *.egg-info

@@ -168,7 +168,10 @@ def reader_keys(server):
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     user = f"lister-{uuid.uuid4().hex[:8]}"  # the in-process server keeps users from earlier tests
     iam.create_user(UserName=user)
-    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}]}
+    # Listing objects is s3:ListBucket on AWS. moto 5.1.22 and 5.2.6 name the action after the API call it
+    # routes to (s3:ListObjectsV2, which AWS's IAM does not have), so the policy names both: the
+    # user may list, whichever name the server checks, and still may not read.
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:ListBucket", "s3:ListObjectsV2"], "Resource": "*"}]}
     iam.put_user_policy(UserName=user, PolicyName="list-only", PolicyDocument=json.dumps(policy))
     key = iam.create_access_key(UserName=user)["AccessKey"]
     yield S3Options(endpoint_url=options.endpoint_url, region="us-east-1", access_key_id=key["AccessKeyId"],
