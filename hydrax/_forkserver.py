@@ -23,6 +23,13 @@ What the server does instead:
   started from this shared server with a function of the main module pickled by reference)
   imports the real main module, once, at that moment and exactly as spawn would: its command
   line, directory and path are the parent's by then.
+
+The server's environment is the parent's as the server started (usually when JAX did). A loader
+started from it does not keep that: the main process sends its environment as the Dataloader
+starts with each start request, and the loader adopts it before anything else runs
+(:func:`hydrax.processes.adopt_environment`), as a forked loader would have it. What the modules
+preloaded here read from the environment as they were imported (JAX's flags, the BLAS thread
+counts numpy's libraries took, huggingface_hub's ``HF_HOME``) stays as the server read it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
   out. :meth:`hydrax.Dataloader.state` makes one; ``Dataloader(..., start_at=state)`` resumes
   from one and refuses one saved for another dataset (:class:`~hydrax.errors.CheckpointMismatchError`).
 - :func:`write_state` and :func:`read_state`: one JSON file per process (``process_<i>-of-<n>.json``)
-  in a directory, for a checkpoint of any kind.
+  in a directory, for a checkpoint of any kind; each file records the save it belongs to
+  (:func:`save_id`), and a directory mixing the files of two saves is refused. Files are read
+  within bounds (:data:`MAX_STATE_BYTES`, :data:`MAX_STATE_DEPTH`, see :func:`parse_json`).
 - :class:`LoaderSave`, :class:`LoaderRestore` and :class:`LoaderCheckpointHandler`: the same
   files as an item of an Orbax checkpoint::
 
@@ -38,6 +40,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+import numpy as np
+
 from .errors import CheckpointFormatError, CheckpointMismatchError
 from .hosts import jax_process_split
 from .schedule import Plan, Step, TrainingStep, ValidationStep, iter_steps, plan_fingerprint
@@ -57,6 +61,16 @@ _LISTED = 8
 #: the dataset.
 _RUN_FIELDS = ("training", "validation", "start", "end", "stream")
 _ORBAX_NAMES = ("LoaderSave", "LoaderRestore", "LoaderCheckpointHandler")
+#: The largest state :func:`read_state` and :meth:`LoaderState.from_json` read, in bytes (in
+#: characters, of a ``str``), and the deepest nesting of arrays and objects they parse. A state is a few kilobytes nested a few
+#: levels deep (its dataset summary lists at most a few values of any sequence): anything far
+#: past these is not a state, and parsing it could take the memory, or (nested 200,000 deep)
+#: the interpreter's stack.
+MAX_STATE_BYTES = 16 << 20
+MAX_STATE_DEPTH = 64
+#: A JSON string, escapes and all: what :func:`_json_depth` takes out of a text before it counts
+#: brackets. An unterminated one runs to the end, so that the scan stays linear.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
 _ORBAX_HINT = "pip install 'hydrax[orbax]'"
 
 
@@ -145,19 +159,51 @@ class LoaderState:
 
     @classmethod
     def from_json(cls, text: str | bytes, path: str | None = None) -> LoaderState:
-        """The state :meth:`to_json` wrote."""
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            where = f"{path}: " if path else ""
-            raise CheckpointFormatError(f"{where}this is not a hydrax loader state (not JSON: {exc})", version=None,
-                                        supported=FORMAT_VERSION, path=path) from None
-        return cls.from_dict(data, path)
+        """The state :meth:`to_json` wrote; :class:`~hydrax.errors.CheckpointFormatError` for
+        anything else, including text beyond :data:`MAX_STATE_BYTES` or nested deeper than
+        :data:`MAX_STATE_DEPTH`."""
+        return cls.from_dict(parse_json(text, path), path)
 
     def __str__(self) -> str:
         pending = "" if self.validation_batch is None else f", validation batch {self.validation_batch} of the run before it first"
         return (f"epoch {self.epoch}, batch {self.batch}{pending} (dataset {self.fingerprint}, process {self.process_index} "
                 f"of {self.process_count})")
+
+
+def parse_json(text: str | bytes, path: str | None = None) -> Any:
+    """``text`` parsed as JSON, within bounds: a text beyond :data:`MAX_STATE_BYTES`, nested
+    deeper than :data:`MAX_STATE_DEPTH`, or not JSON raises
+    :class:`~hydrax.errors.CheckpointFormatError` naming ``path``, before the parser sees it."""
+    where = f"{path}: " if path else ""
+
+    def refuse(why: str) -> CheckpointFormatError:
+        return CheckpointFormatError(f"{where}this is not a hydrax loader state ({why})", version=None,
+                                     supported=FORMAT_VERSION, path=path)
+
+    if len(text) > MAX_STATE_BYTES:
+        raise refuse(f"it is larger than {MAX_STATE_BYTES} bytes; a state is a few kilobytes")
+    try:
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise refuse(f"not text: {exc}") from None
+    if _json_depth(text) > MAX_STATE_DEPTH:
+        raise refuse(f"nested more than {MAX_STATE_DEPTH} deep; a state is nested a few levels")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise refuse(f"not JSON: {exc}") from None
+
+
+def _json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON ``text`` (brackets inside strings aside), found
+    without parsing: the parser recurses once per level."""
+    codes = np.frombuffer(_JSON_STRING.sub("", text).encode("utf-8", "surrogatepass"), np.uint8)
+    if not codes.size:
+        return 0
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    closes = (codes == ord("]")) | (codes == ord("}"))
+    return int(np.cumsum(opens.astype(np.int64) - closes).max())
 
 
 def as_state(source: Any) -> LoaderState:
@@ -271,6 +317,15 @@ def check_resume(state: LoaderState, plan: Plan, process_index: int, process_cou
             "validation setting of the run that saved it; to start at its position anyway, knowing that the batches "
             f"differ, pass start_at={state.start_at}",
             expected=state.fingerprint, actual=actual, differences=differences)
+    bpe = plan.batches_per_epoch
+    if state.batch >= bpe:
+        # Dataloader.state() gives a batch within its epoch: another one was made by hand, and
+        # resuming would quietly count on into a later epoch
+        raise CheckpointFormatError(
+            f"start_at is a loader state at batch {state.batch} of epoch {state.epoch}, but this Dataloader's epochs "
+            f"have {bpe} batches (0 to {bpe - 1}): the state was changed by hand or damaged. Resume from a state "
+            f"Dataloader.state() gave; to start there anyway, counting on into the following epochs, pass "
+            f"start_at={state.start_at}", version=state.format, supported=FORMAT_VERSION, path=None)
     if state.validation_batch is not None and state.validation_batch >= plan.batches_per_validation:
         raise CheckpointMismatchError(
             f"start_at is a loader state inside a validation run, at its batch {state.validation_batch}, but this "
@@ -377,7 +432,17 @@ def _path(directory: Any) -> Any:
     return directory if hasattr(directory, "read_text") and hasattr(directory, "glob") else pathlib.Path(directory)
 
 
-def write_state(directory: Any, source: Any, *, atomic: bool = True) -> Any:
+def save_id(state: LoaderState) -> str:
+    """The id :func:`write_state` records of a save by default: a digest of the position
+    (``epoch``, ``batch``, ``validation_batch``) and the dataset fingerprint. Every process of
+    one save stands at the same position, so each computes the same id alone, with nothing to
+    exchange; two saves with the same id resume at the same place, so files of both agree.
+    A file written without an id (by an older hydrax) is read as having this one."""
+    key = json.dumps([state.fingerprint, state.epoch, state.batch, state.validation_batch])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def write_state(directory: Any, source: Any, *, atomic: bool = True, save: str | int | None = None) -> Any:
     """Write a loader state (``source``: a Dataloader, a :class:`LoaderState`) into ``directory``
     as ``process_<i>-of-<n>.json`` of the process that made it; returns the file's path.
 
@@ -385,12 +450,20 @@ def write_state(directory: Any, source: Any, *, atomic: bool = True) -> Any:
     (the default) the file is written under a temporary name and renamed, so a process killed
     while writing leaves the previous file whole; the Orbax handler writes directly, as Orbax
     makes the whole checkpoint appear at once.
+
+    The file records which save it belongs to (``"save"``): ``save`` if given (the training
+    step, say: the same for every process of this save), else :func:`save_id` of the state.
+    :func:`read_state` refuses a directory whose files belong to different saves.
     """
     state = as_state(source)
+    if save is None:
+        save = save_id(state)
+    elif isinstance(save, bool) or not isinstance(save, (str, int)):
+        raise TypeError(f"save must be a str or an int naming this save (the training step, say), got {type(save).__name__}")
     directory = _path(directory)
     name = state_file(state.process_index, state.process_count)
     path = directory / name
-    text = state.to_json()
+    text = json.dumps({**state.to_dict(), "save": str(save)}, sort_keys=True)
     if not atomic:
         path.write_text(text)
         return path
@@ -408,22 +481,67 @@ def read_state(directory: Any, process_index: int | None = None, process_count: 
     ``jax.distributed``). When the checkpoint was saved by another number of processes, this
     reads process 0's state: every process of a run hands out the same global batches in the
     same order, so all of them stand at the same position. Raises ``FileNotFoundError`` when the
-    directory holds no state."""
+    directory holds no state.
+
+    The files must belong to one save: this process's file is compared with the first file of
+    each process count in the directory (two or three reads, however many processes), and a
+    directory holding files of different saves (the rest of an earlier save by another number
+    of processes, or a save that stopped halfway over an earlier one) raises
+    :class:`~hydrax.errors.CheckpointFormatError` naming both files: which one is current,
+    only the user knows."""
     if (process_index is None) != (process_count is None):
         raise ValueError("process_index and process_count go together: pass both, or neither to take them from JAX")
     if process_index is None or process_count is None:
         process_index, process_count = jax_process_split()
     directory = _path(directory)
-    path = directory / state_file(process_index, process_count)
-    if not path.exists():
-        saved = sorted((tuple(int(n) for n in match.groups()), p) for p in directory.glob("process_*-of-*.json")
-                       if (match := _FILE_RE.search(str(p))))
-        if not saved:
-            raise FileNotFoundError(f"no hydrax loader state in {directory} (files named process_<i>-of-<n>.json)")
-        (index, count), path = saved[0]
+    saved = {}  # (index, count) -> path, of every state file in the directory
+    for p in directory.glob("process_*-of-*.json"):
+        match = _FILE_RE.search(str(p))
+        if match:
+            saved[tuple(int(n) for n in match.groups())] = p
+    if not saved:
+        raise FileNotFoundError(f"no hydrax loader state in {directory} (files named process_<i>-of-<n>.json)")
+    mine = (process_index, process_count)
+    if mine not in saved:
+        mine = min(saved)
         log.info("[hydrax] the loader state in %s was saved by %d processes; process %d of %d resumes at process %d's "
-                 "position, which is every process's", directory, count, process_index, process_count, index)
-    return LoaderState.from_json(path.read_text(), str(path))
+                 "position, which is every process's", directory, mine[1], process_index, process_count, mine[0])
+    state, save = _read_file(saved[mine])
+    firsts: dict[int, tuple[int, int]] = {}
+    for key in sorted(saved):
+        firsts.setdefault(key[1], key)
+    for key in firsts.values():
+        if key == mine:
+            continue
+        other, other_save = _read_file(saved[key])
+        if other_save != save:
+            raise CheckpointFormatError(
+                f"{directory} holds loader states of different saves: {saved[mine].name} ({_position(state)}, save "
+                f"{save}) and {saved[key].name} ({_position(other)}, save {other_save}). Which is current cannot be "
+                "told from the files: delete the files of the save not to resume from (or keep each checkpoint in a "
+                "directory of its own), then read again", version=state.format, supported=FORMAT_VERSION, path=str(directory))
+    return state
+
+
+def _read_file(path: Any) -> tuple[LoaderState, str]:
+    """The state in a state file and the save it belongs to (see :func:`write_state`), reading
+    no more than :data:`MAX_STATE_BYTES` of it."""
+    name = str(path)
+    with path.open("rb") as f:
+        data = parse_json(f.read(MAX_STATE_BYTES + 1), name)
+    state = LoaderState.from_dict(data, name)
+    save = data.get("save")
+    if save is None:
+        return state, save_id(state)
+    if not isinstance(save, str):
+        raise CheckpointFormatError(f"{name}: this loader state's \"save\" must be a str, got {save!r}", version=state.format,
+                                    supported=FORMAT_VERSION, path=name)
+    return state, save
+
+
+def _position(state: LoaderState) -> str:
+    pending = "" if state.validation_batch is None else f", validation batch {state.validation_batch}"
+    return f"epoch {state.epoch}, batch {state.batch}{pending}"
 
 
 # -- Orbax ---------------------------------------------------------------------------------------
@@ -492,5 +610,5 @@ def _define_orbax(ocp: Any) -> dict[str, type]:
 
 
 # The Orbax classes are left out: ``from hydrax.checkpoint import *`` must work without Orbax.
-__all__ = ["FORMAT_VERSION", "CheckpointFormatError", "CheckpointMismatchError", "LoaderState", "as_state", "dataset_fingerprint",
-           "dataset_summary", "read_state", "write_state"]
+__all__ = ["FORMAT_VERSION", "MAX_STATE_BYTES", "MAX_STATE_DEPTH", "CheckpointFormatError", "CheckpointMismatchError", "LoaderState",
+           "as_state", "dataset_fingerprint", "dataset_summary", "parse_json", "read_state", "save_id", "write_state"]

@@ -360,8 +360,21 @@ class ProfileError(ImageError):
     the image's kind of data (for example a greyscale profile in an RGB image).
 
     :func:`hydrax.image.open_srgb` and :func:`hydrax.image.decode_into` raise it unless called
-    with ``bad_profile="warn"``.
+    with ``bad_profile="warn"``. Where known, ``profile`` names the profile (its description and
+    size) and ``tag`` the ICC tag at fault (such as ``"rTRC"``); else they are None.
     """
+
+    def __init__(self, message: str = "", *, profile: str | None = None, tag: str | None = None) -> None:
+        super().__init__(message)
+        self.profile = profile
+        self.tag = tag
+
+    def __reduce__(self):
+        return (_rebuild_profile_error, (str(self), self.profile, self.tag))
+
+
+def _rebuild_profile_error(message, profile, tag):
+    return ProfileError(message, profile=profile, tag=tag)
 
 
 class FieldNotFoundError(HydraxError, KeyError):
@@ -433,6 +446,35 @@ class SchemaError(ServeError, ValueError):
     before any of its batches is handed out."""
 
 
+class ServeArgumentError(ServeError, ValueError):
+    """An argument of a serving call (:func:`hydrax.ray.serve_on_ray`) that cannot be used,
+    refused before anything starts. A ``ValueError``: a value out of range.
+
+    - ``argument``: its name (``"producers"``);
+    - ``value``: what was given;
+    - ``limit``: the most it may be here (None where the value is too small or of the wrong type).
+    """
+
+    def __init__(self, message: str, *, argument: str, value: object = None, limit: int | None = None,
+                 url: str | None = None) -> None:
+        super().__init__(message, url=url)
+        self.argument = argument
+        self.value = value
+        self.limit = limit
+
+    def __reduce__(self):
+        return (_rebuild_serve_argument, (type(self), str(self), self.argument, self.value, self.limit, self.url))
+
+
+class ServeArgumentTypeError(ServeArgumentError, TypeError):
+    """A :class:`ServeArgumentError` for a value of the wrong type (``producers=True``,
+    ``producers=2.0``): also a ``TypeError``, as Python's own errors for a wrong type are."""
+
+
+def _rebuild_serve_argument(kind, message, argument, value, limit, url):
+    return kind(message, argument=argument, value=value, limit=limit, url=url)
+
+
 class CheckpointMismatchError(HydraxError, ValueError):
     """A saved loader position (:class:`hydrax.checkpoint.LoaderState`) that belongs to another
     dataset than the Dataloader asked to resume from it: resuming would not give the batches the
@@ -478,3 +520,34 @@ class CheckpointFormatError(HydraxError, ValueError):
 
 def _rebuild_checkpoint_format(message, version, supported, path):
     return CheckpointFormatError(message, version=version, supported=supported, path=path)
+
+
+class MixtureRangeError(HydraxError, ValueError):
+    """A :class:`hydrax.Mixture` whose numbers its schedule cannot count: weights whose ratios a
+    float cannot hold, or an epoch whose positions pass the 64-bit integers the schedule counts
+    in (every position of epoch ``e`` is below ``(e + 1) * epoch_size``, which must not exceed
+    ``2**63 - 1``). Refused where the number is given, rather than giving wrong batches.
+
+    - ``argument``: what to change: ``"weights"``, ``"epoch_size"``, ``"start_at"``, or
+      ``"end_at"`` (also for a run without an end that reached the last epoch);
+    - ``epoch_size``: the mixture's positions per epoch (None for ``weights``);
+    - ``epoch``: the epoch that does not fit (None for ``weights``);
+    - ``last_epoch``: the last epoch that fits (-1: none; None for ``weights``).
+
+    A ``ValueError``: an argument out of range.
+    """
+
+    def __init__(self, message: str, *, argument: str, epoch_size: int | None = None, epoch: int | None = None,
+                 last_epoch: int | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.epoch_size = epoch_size
+        self.epoch = epoch
+        self.last_epoch = last_epoch
+
+    def __reduce__(self):
+        return (_rebuild_mixture_range, (str(self), self.argument, self.epoch_size, self.epoch, self.last_epoch))
+
+
+def _rebuild_mixture_range(message, argument, epoch_size, epoch, last_epoch):
+    return MixtureRangeError(message, argument=argument, epoch_size=epoch_size, epoch=epoch, last_epoch=last_epoch)

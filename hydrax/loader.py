@@ -26,12 +26,12 @@ from .arguments import as_groups, check_functions, check_int, parse_end, parse_r
 from .batch import Batch
 from .checkpoint import LoaderState, LoopPosition, check_resume, dataset_fingerprint, dataset_summary, schedule_start
 from .engine import Engine, RunFunctions, warm_up
-from .errors import BatchFailedError, BatchTimeoutError
+from .errors import BatchFailedError, BatchTimeoutError, MixtureRangeError
 from .group import DataGroup
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
 from .run import plan_run, with_cachers
-from .schedule import plan_fingerprint
+from .schedule import check_epoch_reached, check_epochs, plan_fingerprint
 
 D = TypeVar("D")
 log = logging.getLogger(__name__)
@@ -210,6 +210,7 @@ class Dataloader(Generic[D]):
         )
         if resume is not None:
             check_resume(resume, self._plan, policy.process_index, policy.process_count)
+        check_epochs(self._plan)  # a mixture's positions past int64, from start_at or end_at
         if self._skip:
             # a resume inside a validation run: the schedule starts at the training batch before it
             self._plan = dataclasses.replace(self._plan, stream=(0, 1, self._skip))
@@ -473,6 +474,12 @@ class Dataloader(Generic[D]):
         except queue.Empty:
             item = self._wait(output)
         if isinstance(item, End):
+            try:
+                # a run without an end stops where a mixture's positions would pass int64: say so
+                check_epoch_reached(self._plan)
+            except MixtureRangeError as exc:
+                self._fail(exc)
+                raise
             self._state = Lifecycle.ENDED
             raise StopIteration
         if isinstance(item, Failure):

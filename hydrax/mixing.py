@@ -31,12 +31,16 @@ from typing import Sequence
 
 import numpy as np
 
+from .errors import MixtureRangeError
+
 #: The ways positions are spread over a mixture's batches (see the module's docstring).
 BATCHINGS = ("random", "stratified")
 #: Batches whose positions ``"random"`` shuffles together: enough for a batch's composition to
 #: vary as independent draws would (64 batches of any size are a large population), few enough
 #: that each source is read from a short stretch of its stream at a time.
 RANDOM_RUN = 64
+#: The largest number a mixture's schedule counts to: its kernels and stream positions are int64.
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -57,18 +61,84 @@ class MixturePlan:
 
 
 def check_weights(weights: Sequence, count: int) -> tuple[float, ...]:
-    """``weights`` as floats, one per source, each positive and finite; ValueError naming the bad one."""
+    """``weights`` as floats, one per source, each positive and finite; ValueError naming the bad one.
+
+    Only the ratios count, so the sum is never taken in floats (weights of ``1e308`` are fine).
+    An int too large for a float (``10**400``) is kept exact: then every weight is divided by
+    the largest, exactly, and each ratio must be a float above 0
+    (:class:`~hydrax.errors.MixtureRangeError` naming the weight otherwise). Weights that are
+    floats already are returned as given."""
     values = tuple(weights)
     if len(values) != count:
         raise ValueError(f"weights must hold one number per source: {count} sources, {len(values)} weights")
-    out = []
+    out: list[float | None] = []
     for i, w in enumerate(values):
         if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
             raise TypeError(f"weights[{i}] must be a number, got {type(w).__name__}")
-        if not math.isfinite(float(w)) or float(w) <= 0:
-            raise ValueError(f"weights[{i}] must be positive and finite, got {w!r}")
-        out.append(float(w))
-    return tuple(out)
+        try:
+            value: float | None = float(w)
+        except OverflowError:  # an int beyond a float's range: its ratio to the others may still be a float
+            value = None
+        if (w <= 0) if value is None else (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"weights[{i}] must be positive and finite, got {_shown(w)}")
+        out.append(value)
+    if None not in out:
+        return tuple(out)
+    exact = [Fraction(int(w)) if isinstance(w, (int, np.integer)) else Fraction(float(w)) for w in values]
+    largest = max(range(count), key=exact.__getitem__)
+    scaled = []
+    for i, w in enumerate(exact):
+        ratio = float(w / exact[largest])
+        if ratio == 0.0:
+            raise MixtureRangeError(
+                f"weights[{i}] ({_shown(values[i])}) is too small next to weights[{largest}] ({_shown(values[largest])}) "
+                "for a float to hold their ratio: only the weights' ratios count, so give weights whose ratios are "
+                "floats (above about 5e-324)", argument="weights")
+        scaled.append(ratio)
+    return tuple(scaled)
+
+
+def _shown(weight) -> str:
+    """A weight in words, short: a huge int as a power of two (its digits could be thousands,
+    more than Python turns into a string)."""
+    if isinstance(weight, int) and weight.bit_length() > 64:
+        return f"an int of about 2**{weight.bit_length() - 1}"
+    return repr(weight)
+
+
+def proportions(weights: Sequence[float]) -> tuple[float, ...]:
+    """``weights`` normalised to sum to 1, computed in exact fractions: a float sum of large
+    weights would overflow (``1e308 + 1e308``), and every process agrees on the exact result."""
+    exact = [Fraction(w) for w in weights]
+    total = sum(exact)
+    return tuple(float(w / total) for w in exact)
+
+
+def last_epoch(epoch_size: int) -> int:
+    """The last epoch whose positions a mixture of ``epoch_size`` positions per epoch can count:
+    its schedule counts in int64 (the kernels, the stream positions of its sources), and every
+    position of epoch ``e`` is below ``(e + 1) * epoch_size``, which must not exceed
+    :data:`INT64_MAX`. -1 when not even epoch 0 fits."""
+    return INT64_MAX // epoch_size - 1
+
+
+def check_epoch(epoch_size: int, epoch: int, argument: str) -> None:
+    """Raise :class:`~hydrax.errors.MixtureRangeError` when ``epoch`` of a mixture of
+    ``epoch_size`` positions per epoch is past :func:`last_epoch`; ``argument`` is what sets
+    that epoch (``"epoch_size"``, ``"start_at"`` or ``"end_at"``), named with what to do."""
+    last = last_epoch(epoch_size)
+    if epoch <= last:
+        return
+    if argument == "epoch_size":
+        advice = f"use an epoch_size up to 2**63 - 1 ({INT64_MAX})"
+    elif argument == "start_at":
+        advice = f"start at epoch {last} or before, or use a smaller epoch_size" if last >= 0 else "use a smaller epoch_size"
+    else:
+        advice = f"end the run after epoch {last} (end_at=('epoch', {last + 1})), or use a smaller epoch_size"
+    raise MixtureRangeError(
+        f"{argument}: epoch {epoch} of a Mixture with epoch_size {epoch_size} has positions past 2**63 - 1, which its "
+        f"schedule counts in int64 ((epoch + 1) * epoch_size must not exceed 2**63 - 1, so its last epoch is {last}): "
+        f"{advice}", argument=argument, epoch_size=epoch_size, epoch=epoch, last_epoch=last)
 
 
 def epoch_totals(weights: Sequence[float], used: int) -> np.ndarray:
@@ -146,4 +216,5 @@ def run_length(batching: str) -> int:
     return RANDOM_RUN if batching == "random" else 1
 
 
-__all__ = ["BATCHINGS", "RANDOM_RUN", "Layout", "MixturePlan", "check_weights", "epoch_totals", "run_length"]
+__all__ = ["BATCHINGS", "INT64_MAX", "RANDOM_RUN", "Layout", "MixturePlan", "check_epoch", "check_weights", "epoch_totals",
+           "last_epoch", "proportions", "run_length"]

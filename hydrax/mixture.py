@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from .mixing import BATCHINGS, MixturePlan, check_weights
+from .mixing import BATCHINGS, MixturePlan, check_epoch, check_weights, proportions
 
 
 class Mixture(Sequence):
@@ -33,9 +33,15 @@ class Mixture(Sequence):
         :class:`hydrax.shards.ShardSet`, a list, a ``range``, a numpy array...), each non-empty.
         They are kept by reference, as a DataGroup keeps its data.
     :param weights: one positive number per source; only their ratios count. An epoch holds
-        ``round(w * epoch_size)`` items of each source (exactly, by largest remainders).
+        ``round(w * epoch_size)`` items of each source (exactly, by largest remainders). Any
+        size works (``1e308``, ``10**400``) as long as each weight's ratio to the largest is a
+        float above 0 (see :func:`hydrax.mixing.check_weights`).
     :param epoch_size: positions per epoch (default: the sum of the sources' lengths). The
         group's ``batch_size`` divides it into batches; the remainder is dropped, as for any group.
+        The schedule counts positions in int64: ``(epoch + 1) * epoch_size`` must not exceed
+        ``2**63 - 1`` for any epoch a run reaches, checked here for epoch 0 and by the
+        Dataloader for its ``start_at`` and ``end_at`` and as its epochs advance
+        (:class:`~hydrax.errors.MixtureRangeError`, naming the epoch size and the epoch).
     :param batching: ``"random"`` (default): positions are shuffled within runs of
         :data:`hydrax.mixing.RANDOM_RUN` batches, so a batch's composition varies as random
         draws by weight do (each run of batches still holds its exact shares). ``"stratified"``:
@@ -75,6 +81,7 @@ class Mixture(Sequence):
         if isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer)) or epoch_size < 1:
             raise ValueError(f"epoch_size must be a positive int (or None for the sum of the sources' lengths), got {epoch_size!r}")
         self._epoch_size = int(epoch_size)
+        check_epoch(self._epoch_size, 0, "epoch_size")
         self._announced: dict[Any, list[int]] = {}
         if not self._readers():
             # nothing to pass announcements on to: the loader then makes none (it announces to
@@ -88,14 +95,14 @@ class Mixture(Sequence):
 
     @property
     def weights(self) -> tuple[float, ...]:
-        """The weights, as given (as floats)."""
+        """The weights, as given (as floats; each divided by the largest when one is an int too
+        large for a float)."""
         return self._weights
 
     @property
     def proportions(self) -> tuple[float, ...]:
-        """The weights normalised to sum to 1."""
-        total = sum(self._weights)
-        return tuple(w / total for w in self._weights)
+        """The weights normalised to sum to 1 (in exact fractions, so large weights do not overflow)."""
+        return proportions(self._weights)
 
     @property
     def epoch_size(self) -> int:
@@ -181,7 +188,9 @@ class Mixture(Sequence):
         hold of its share (0 when no source reads ahead)."""
         shares = self.proportions
         holds = {i: int(getattr(self._sources[i], "prefetch_items", 0) or 0) for i in self._readers()}
-        wanted = [held / shares[i] for i, held in holds.items() if held > 0]  # 0: a source that does not read ahead (local shards)
+        # held 0: a source that does not read ahead (local shards); share 0.0: a weight so small
+        # next to the others that its proportion underflows, and the source is never read
+        wanted = [held / shares[i] for i, held in holds.items() if held > 0 and shares[i] > 0]
         return int(min(wanted)) if wanted else 0
 
     def prefetch(self, key: Any, indices, order: str) -> None:

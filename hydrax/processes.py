@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import types
-from typing import Sequence
+from typing import Mapping, Sequence
 
 #: The name of each run's pipeline thread (see :mod:`hydrax.pipeline`): while one runs, it may be
 #: initialising JAX, so no process may be forked.
@@ -209,6 +209,36 @@ def warm_forkserver(modules: Sequence[str | None] = (), main_imports: bool = Tru
 
 
 _server_start_lock = threading.Lock()
+
+
+def environment_snapshot() -> dict[str, str]:
+    """This process's environment as it is now, for a worker started from the fork server to
+    adopt (see :func:`adopt_environment`).
+
+    Taken while no thread is starting the fork server: that start sets the server's module path
+    (and its settings) in this process's environment for a moment, which no worker must see.
+    """
+    with _server_start_lock:
+        return dict(os.environ)
+
+
+def adopt_environment(snapshot: Mapping[str, str]) -> None:
+    """Make this process's environment exactly ``snapshot``: variables it lacks are removed, the
+    others set (through ``os.environ``, so that C code reading ``getenv`` sees them too).
+
+    A worker from the fork server runs this first: the server kept the environment of the
+    moment it started (when JAX started, in a notebook before ``os.environ["HF_TOKEN"] = ...``),
+    while a forked worker, and every worker of hydrax 0.2.2, has the main process's as the
+    Dataloader starts. Only ``os.environ`` can be renewed: what the server's modules read from
+    the environment as they were imported (JAX's flags, huggingface_hub's ``HF_HOME`` and
+    ``HF_ENDPOINT``, the BLAS thread counts numpy's libraries took, glibc's ``MALLOC_*``, the
+    interpreter's ``PYTHON*``) stays as the server read it.
+    """
+    for name in [name for name in os.environ if name not in snapshot]:
+        del os.environ[name]
+    for name, value in snapshot.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 #: The folder of the ``hydrax`` package this process imported.
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))

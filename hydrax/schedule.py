@@ -18,7 +18,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from . import _core
-from .mixing import MixturePlan
+from .mixing import MixturePlan, check_epoch, last_epoch
 from .permute import LazyPermutation
 
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
@@ -464,6 +464,40 @@ def normalise_start(start_at: tuple[int, int], batches_per_epoch: int) -> tuple[
     return epoch, offset
 
 
+def epoch_limit(plan: Plan) -> tuple[int, int] | None:
+    """``(epoch_size, last epoch)`` of the training mixture whose positions run out first (see
+    :func:`hydrax.mixing.last_epoch`), or None for a run without one: the schedule ends after
+    that epoch, whatever its end point."""
+    sizes = [g.size for g in plan.training if g.mixture is not None]
+    if not sizes:
+        return None
+    size = max(sizes)
+    return size, last_epoch(size)
+
+
+def check_epochs(plan: Plan) -> None:
+    """Refuse a run whose start or end lies past the last epoch its training mixtures can count
+    (:class:`~hydrax.errors.MixtureRangeError`, naming the epoch size and the epoch)."""
+    limit = epoch_limit(plan)
+    if limit is None:
+        return
+    size = limit[0]
+    check_epoch(size, plan.start[0], "start_at")
+    last = plan.last_batch
+    if last is not None and last > plan.first_batch:
+        check_epoch(size, (last - 1) // plan.batches_per_epoch, "end_at")
+
+
+def check_epoch_reached(plan: Plan) -> None:
+    """Raise :class:`~hydrax.errors.MixtureRangeError` for a run whose schedule ended because
+    its training mixtures can count no further epochs (a run without an end point: one with an
+    end past that epoch is refused by :func:`check_epochs`); nothing for a run with an end point, which ended there."""
+    limit = epoch_limit(plan)
+    if limit is not None and plan.end is None:
+        size, last = limit
+        check_epoch(size, last + 1, "end_at")
+
+
 def epoch_group_sequence(plan: Plan) -> list[tuple[int, int]]:
     """``(group, cursor position)`` for every batch of one epoch, in delivery order.
 
@@ -570,8 +604,15 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
       (0.2.2 lost it: the resumed run starts with the next epoch);
     - a resumed run never starts with the validation of a boundary it resumes on (0.2.2 ran it
       again there, in batch mode).
+
+    A run over a mixture ends after the last epoch whose positions it can count
+    (:func:`epoch_limit`), as after an end point: past it they would overflow int64. The
+    Dataloader refuses a start or end beyond it (:func:`check_epochs`), and says why a run
+    without an end stopped there (:func:`check_epoch_reached`).
     """
     bpe = plan.batches_per_epoch
+    limit = epoch_limit(plan)
+    final_epoch = limit[1] if limit is not None else None
     last = plan.last_batch
     if last is not None and plan.first_batch >= last:
         return
@@ -596,6 +637,8 @@ def _schedule_steps(plan: Plan) -> Iterator[Step]:
         return plan.validation_mode == "epoch" and completed_epochs % plan.validation_interval == 0
 
     while True:
+        if final_epoch is not None and epoch > final_epoch:
+            return
         orders = [batch_order(g, epoch) for g in plan.training]
         trained = False  # whether this run trained the batch just passed
         for epoch_batch, (g, cursor) in enumerate(epoch_sequence(counts, plan.interleave, seek), seek):

@@ -38,7 +38,8 @@ from .errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
 from .mixture import Mixture
 from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
-from .processes import die_with_parent, release_fork_server, tune_malloc, warm_forkserver
+from .processes import (adopt_environment, die_with_parent, environment_snapshot, release_fork_server, tune_malloc,
+                        warm_forkserver)
 from .schedule import GroupPlan, local_seeds
 
 log = logging.getLogger(__name__)
@@ -166,14 +167,21 @@ def _refcounts(views: tuple) -> list[int]:
 
 
 def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, close: tuple[int, ...], index: int, completions,
-                shared: tuple | None = None) -> None:
+                shared: tuple | None = None, environ: dict[str, str] | None = None, report: FdHandle | None = None) -> None:
     """Body of worker process ``index``: load tasks until the task pipe closes.
 
     ``config`` arrives pickled once for all workers when they start from the fork server (a large
     dataset is then pickled once, not once per worker), its large arrays in the shared memory
     ``shared`` (``(fd, size, places)``, see :class:`hydrax.pickling.SharedBuffers`); ``close``
-    lists the parent's ends of our pipes, which a forked worker inherits.
+    lists the parent's ends of our pipes, which a forked worker inherits. ``environ`` is the main
+    process's environment as the run started, which a worker from the fork server adopts before
+    anything else (the server's own is from when JAX started); a forked worker has it already.
+    ``report`` is the run's token for logging the error that ends it (see :class:`WorkerPool`).
     """
+    if environ is not None:
+        # First of all: what runs next (unpickling the config imports the user's modules, which
+        # may read the environment as they load) must see what a forked worker would.
+        adopt_environment(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     release_fork_server()
@@ -206,7 +214,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
         except BaseException as exc:
             _report_startup_failure(completions, index, "startup_func", exc)
             sys.exit(1)
-    _Loop(config, memory, status, tasks.fd, completions).run()
+    _Loop(config, memory, status, tasks.fd, completions, None if report is None else report.fd).run()
 
 
 def safe_repr(item: Any) -> str:
@@ -220,8 +228,10 @@ def safe_repr(item: Any) -> str:
 class _Loop:
     """One worker's loop: tasks from the shared pipe, items into the slots, completions back."""
 
-    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions) -> None:
+    def __init__(self, config: WorkerConfig, memory: _core.ArenaMap, status: int, tasks: int, completions,
+                 report: int | None = None) -> None:
         self.config = config
+        self.report = report
         self.tasks = tasks
         self.memory = memory
         self.status = status + ITEM_WORDS
@@ -265,6 +275,18 @@ class _Loop:
                     self.completions.send(self.unsendable(task, result, exc))
             except (EOFError, OSError):
                 return  # the parent stopped listening: the run is over
+
+    def first_to_end_the_run(self) -> bool:
+        """Whether this worker is the first of the run to meet an error that ends it, and so the
+        one to log it: the run's token (one byte in a pipe all workers share) goes to one reader."""
+        if self.report is None:
+            return True
+        try:
+            return os.read(self.report, 1) == b"\0"
+        except BlockingIOError:  # taken by another worker: the pipe is empty
+            return False
+        except OSError:
+            return True
 
     def unsendable(self, task: Task, result: Completion, error: BaseException) -> Completion:
         """The failed result of ``task``, whose ``result`` could not be pickled: names the item and the key."""
@@ -317,14 +339,18 @@ class _Loop:
                 if result is not None and __debug__:
                     result = _check_result(result)
             except BaseException as exc:
-                # 0.2.2's words, with the traceback; a program without logging set up sees them on stderr
                 # the item's repr made here, once: logging would test a Mapping item (a ShardSet
                 # sample) for emptiness, i.e. load it again inside this handler
                 described = safe_repr(item)
-                log.exception("[hydrax] exception while loading data item: %s", described)
+                fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
+                # 0.2.2's words, with the traceback; a program without logging set up sees them on
+                # stderr. An error that ends the run (unreadable data) usually meets every item in
+                # flight, in every worker: only the first worker to meet one logs it, or a run
+                # ended with ten identical tracebacks, one per item.
+                if fatal is None or self.first_to_end_the_run():
+                    log.exception("[hydrax] exception while loading data item: %s", described)
                 _clean_traceback(exc)
                 why = f"{type(exc).__name__}: {exc} (item {indices[k - first]}: {described})"
-                fatal = exc if isinstance(exc, (StoreError, ShardFormatError)) else None
                 if self.config.skip_failed_items and fatal is None and isinstance(exc, Exception):
                     for view in views.views[k]:
                         view[...] = 0  # a defined content for the place of a skipped item
@@ -379,6 +405,13 @@ class WorkerPool:
         self.method = method
         self._task_r, self._task_w = os.pipe()
         os.set_blocking(self._task_w, True)
+        # The run's token for logging the error that ends it: one byte, which only one worker's
+        # read gets; the others find the pipe empty (non-blocking: a process forked meanwhile by
+        # another thread may hold the write end, so an empty pipe need not read as its end).
+        self._report_r, report_w = os.pipe()
+        os.write(report_w, b"\0")
+        os.close(report_w)
+        os.set_blocking(self._report_r, False)
         self.processes: list[mp.process.BaseProcess] = []
         self.connections = []
 
@@ -394,6 +427,10 @@ class WorkerPool:
         payload = config if method == "fork" else pack_config(config, buffers)
         shared = SharedBuffers(buffers) if buffers else None
         share = (shared.handle(), shared.size, shared.places) if shared is not None else None
+        # A forked worker has this process's environment; one from the fork server would have the
+        # server's, as it was when JAX started (before a notebook set HF_TOKEN, say).
+        environ = environment_snapshot() if method != "fork" else None
+        report = FdHandle(self._report_r)
         try:
             with warnings.catch_warnings():
                 # numpy's BLAS threads make Python 3.12 warn about fork; they are fork-safe, and
@@ -401,7 +438,7 @@ class WorkerPool:
                 warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*", category=DeprecationWarning)
                 for i in range(count):
                     receive, send = ctx.Pipe(duplex=False)
-                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, share), name=f"hydrax-loader-{i}", daemon=True)
+                    process = ctx.Process(target=worker_main, args=(payload, arena, FdHandle(task_r), close_in_child, i, send, share, environ, report), name=f"hydrax-loader-{i}", daemon=True)
                     process.start()
                     send.close()
                     self.processes.append(process)
@@ -409,6 +446,8 @@ class WorkerPool:
         finally:
             os.close(task_r)
             self._task_r = -1
+            os.close(self._report_r)  # every worker has its own copy now
+            self._report_r = -1
             if shared is not None:
                 shared.close_fd()
 
@@ -423,6 +462,9 @@ class WorkerPool:
         if self._task_r >= 0:
             os.close(self._task_r)
             self._task_r = -1
+        if self._report_r >= 0:
+            os.close(self._report_r)
+            self._report_r = -1
         if self._task_w is not None:
             os.close(self._task_w)
             self._task_w = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -310,7 +311,8 @@ def test_producers_resumed_inside_a_validation_run_serve_the_rest_of_it():
 
 def test_state_files_are_per_process_and_another_count_reads_process_0(tmp_path, caplog):
     train, _ = groups()
-    states = [Dataloader(load, train, start_at=(1, p), process_index=p, process_count=2).state() for p in range(2)]
+    # the processes of one save stand at the same position (files of different positions are refused, see below)
+    states = [Dataloader(load, train, start_at=(1, 1), process_index=p, process_count=2).state() for p in range(2)]
     paths = [write_state(tmp_path, s) for s in states]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["process_0-of-2.json", "process_1-of-2.json"]
     assert [read_state(tmp_path, p, 2) for p in range(2)] == states
@@ -326,6 +328,114 @@ def test_state_files_are_per_process_and_another_count_reads_process_0(tmp_path,
     with pytest.raises(CheckpointFormatError, match="process_0-of-2.json: this loader state has format 99") as caught:
         read_state(tmp_path, 0, 2)
     assert caught.value.path.endswith("process_0-of-2.json")
+
+
+def save_of(train, position, count, tmp_path, **kwargs):
+    """The state files of one save by ``count`` processes at ``position``, written into ``tmp_path``."""
+    states = [Dataloader(load, train, start_at=position, process_index=p, process_count=count).state() for p in range(count)]
+    return [write_state(tmp_path, state, **kwargs) for state in states], states
+
+
+def test_a_directory_holding_files_of_two_saves_is_refused_naming_both(tmp_path):
+    """Issue 38 row 9: four processes saved at (0, 1), then two at (1, 0) into the same directory:
+    the four must not resume at the stale position, nor the two at theirs without a word."""
+    train, _ = groups()
+    save_of(train, (0, 1), 4, tmp_path)
+    save_of(train, (1, 0), 2, tmp_path)
+    for index, count in [(0, 4), (3, 4), (0, 2), (1, 2), (0, 1)]:
+        with pytest.raises(CheckpointFormatError, match="holds loader states of different saves") as caught:
+            read_state(tmp_path, index, count)
+        error = caught.value
+        assert error.path == str(tmp_path)
+        assert re.search(r"process_\d-of-2\.json \(epoch 1, batch 0, save [0-9a-f]{16}\)", str(error))
+        assert re.search(r"process_\d-of-4\.json \(epoch 0, batch 1, save [0-9a-f]{16}\)", str(error))
+        assert "delete the files of the save not to resume from" in str(error)
+    # once the stale save is gone, every process count reads the current one
+    for p in range(4):
+        (tmp_path / f"process_{p}-of-4.json").unlink()
+    assert read_state(tmp_path, 3, 4).start_at == read_state(tmp_path, 1, 2).start_at == (1, 0)
+
+
+def test_a_save_that_stopped_halfway_over_an_earlier_one_is_refused(tmp_path):
+    train, _ = groups()
+    save_of(train, (0, 1), 2, tmp_path)
+    save_of(train, (1, 2), 1, tmp_path / "next")
+    paths, _ = save_of(train, (1, 2), 2, tmp_path / "next")
+    paths[0].replace(tmp_path / paths[0].name)  # process 0 of the new save wrote its file, process 1 did not
+    with pytest.raises(CheckpointFormatError, match="process_1-of-2.json \\(epoch 0, batch 1, save [0-9a-f]+\\) and "
+                                                    "process_0-of-2.json \\(epoch 1, batch 2"):
+        read_state(tmp_path, 1, 2)
+
+
+def test_files_of_one_save_agree_whatever_wrote_them(tmp_path):
+    train, valid = groups()
+    kwargs = dict(validation=("batch", 2, valid))
+    # saves at one position by two process counts resume at the same place: they agree
+    states = [Dataloader(load, train, start_at=(1, 1), process_index=p, process_count=c, **kwargs).state()
+              for c in (1, 2) for p in range(c)]
+    for state in states:
+        write_state(tmp_path / "mixed", state)
+    assert read_state(tmp_path / "mixed", 1, 2) == states[2] and read_state(tmp_path / "mixed", 0, 1) == states[0]
+    # files written before saves were recorded (no "save") are read, and checked by their positions
+    for state in states[1:]:
+        (tmp_path / "old").mkdir(exist_ok=True)
+        (tmp_path / "old" / f"process_{state.process_index}-of-2.json").write_text(state.to_json())
+    assert "save" not in json.loads((tmp_path / "old" / "process_1-of-2.json").read_text())
+    assert read_state(tmp_path / "old", 1, 2) == states[2]
+    stale = dataclasses.replace(states[1], batch=0)
+    (tmp_path / "old" / "process_0-of-2.json").write_text(stale.to_json())
+    with pytest.raises(CheckpointFormatError, match="different saves"):
+        read_state(tmp_path / "old", 1, 2)
+    # a save named by the caller (the training step) is compared by that name
+    for state in states[1:]:
+        write_state(tmp_path / "named", state, save=1000)
+    assert json.loads((tmp_path / "named" / "process_0-of-2.json").read_text())["save"] == "1000"
+    write_state(tmp_path / "named", states[1], save=2000)
+    with pytest.raises(CheckpointFormatError, match="save 1000\\) and process_0-of-2.json .*save 2000"):
+        read_state(tmp_path / "named", 1, 2)
+    with pytest.raises(TypeError, match="save must be a str or an int"):
+        write_state(tmp_path / "named", states[1], save=1.5)
+
+
+def test_a_state_past_the_end_of_its_epoch_is_refused():
+    """Issue 38 row 10: a state at batch >= batches_per_epoch (changed by hand, or damaged) would
+    resume silently at (epoch + 1, batch - batches_per_epoch)."""
+    train, valid = groups()  # 3 batches an epoch
+    kwargs = dict(validation=("batch", 2, valid))
+    state = Dataloader(load, train, start_at=(1, 2), **kwargs).state()
+    assert Dataloader(load, train, start_at=state, **kwargs).first_batch == 5
+    for bad in (dataclasses.replace(state, batch=3), dataclasses.replace(state, batch=7).to_dict(),
+                dataclasses.replace(state, batch=3, validation_batch=0)):
+        with pytest.raises(CheckpointFormatError, match="at batch [37] of epoch 1, but this Dataloader's epochs have 3 "
+                                                        "batches \\(0 to 2\\): the state was changed by hand") as caught:
+            Dataloader(load, train, start_at=bad, **kwargs)
+        assert caught.value.version == FORMAT_VERSION and "start_at=(1, " in str(caught.value)
+    # a plain (epoch, batch) still counts on into the following epochs, as documented
+    assert Dataloader(load, train, start_at=(1, 3), **kwargs).first_batch == 6
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[" * 200_000 + "]" * 200_000, "nested more than 64 deep"),
+    ('{"a": ' * 200_000 + "1" + "}" * 200_000, "nested more than 64 deep"),
+    ("[" * 65 + "]" * 65, "nested more than 64 deep"),
+    (" " * (16 << 20) + "{}", "it is larger than 16777216 bytes"),
+    (b"\xff\xfe\x00", "not text"),
+])
+def test_a_state_file_too_deep_or_too_large_is_refused_naming_it(tmp_path, text, words):
+    """Issue 38 row 11: a state file nested 200,000 deep raised RecursionError."""
+    path = tmp_path / "process_0-of-1.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(CheckpointFormatError, match=f"process_0-of-1.json: this is not a hydrax loader state \\({words}") as caught:
+        read_state(tmp_path, 0, 1)
+    assert caught.value.path == str(path) and caught.value.version is None
+    with pytest.raises(CheckpointFormatError, match=words):
+        LoaderState.from_json(text, path="x.json")
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    state = LoaderState(epoch=1, batch=2, fingerprint="f", dataset={"note": "[" * 1000 + '\\"{' * 100, "deep": [[[[1]]]]})
+    assert LoaderState.from_json(state.to_json()) == state
+    assert LoaderState.from_json(state.to_json().encode()) == state  # bytes too
 
 
 def test_importing_hydrax_does_not_import_orbax_and_without_it_the_state_still_works():

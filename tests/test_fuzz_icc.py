@@ -122,5 +122,113 @@ def test_no_mutant_profile_crashes_hangs_or_escapes_the_documented_errors(first)
     run_isolated(__file__, first, seconds_per_mutant=0.2)
 
 
+# Hostile profiles built on purpose (issue 38): what the mutations above would rarely hit.
+
+#: sRGB's colorants adapted to D50, as profiles store them.
+_COLORANTS = ((0.4361, 0.2225, 0.0139), (0.3851, 0.7169, 0.0971), (0.1431, 0.0606, 0.7141))
+
+
+def profile_with_curve(entries: int, name: bytes = b"hostile") -> bytes:
+    """A matrix/TRC RGB profile whose rTRC, gTRC and bTRC all point to one ``curv`` table of
+    ``entries`` samples (a ramp), with sRGB's colorants and the description ``name``."""
+
+    def xyz(values) -> bytes:
+        return b"XYZ " + bytes(4) + b"".join(struct.pack(">i", round(v * 65536)) for v in values)
+
+    ramp = (np.arange(entries, dtype=np.uint64) * 65535 // max(entries - 1, 1)).astype(">u2").tobytes()
+    tags = [(b"desc", b"desc" + bytes(4) + struct.pack(">I", len(name) + 1) + name + bytes(1 + 4 + 4 + 3 + 67)),
+            (b"wtpt", xyz((0.9642, 1.0, 0.8249))),
+            *((sig, xyz(colorant)) for sig, colorant in zip((b"rXYZ", b"gXYZ", b"bXYZ"), _COLORANTS)),
+            (b"rTRC", b"curv" + bytes(4) + struct.pack(">I", entries) + ramp)]
+    table, body = [], b""
+    at = 132 + 12 * (len(tags) + 2)
+    for sig, data in tags:
+        body += bytes(-len(body) % 4)
+        table.append((sig, at + len(body), len(data)))
+        body += data
+    table += [(sig, table[-1][1], table[-1][2]) for sig in (b"gTRC", b"bTRC")]  # one table, three curves
+    header = bytearray(128)
+    struct.pack_into(">I4sI4s4s4s", header, 0, at + len(body), b"lcms", 0x02100000, b"mntr", b"RGB ", b"XYZ ")
+    header[36:40] = b"acsp"
+    struct.pack_into(">3i", header, 68, *(round(v * 65536) for v in (0.9642, 1.0, 0.8249)))
+    entries_table = b"".join(struct.pack(">4sII", *entry) for entry in table)
+    return bytes(header) + struct.pack(">I", len(table)) + entries_table + body
+
+
+_MEASURE = """
+import io, json, sys, warnings
+import numpy as np
+from hydrax.image import ProfileError, decode_into
+
+def status(key):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith(key + ":")) * 1024
+
+results = []
+for path, source, bad_profile in json.loads(sys.argv[1]):
+    data = open(path, "rb").read()
+    out = np.zeros((16, 16, 3), np.uint8)
+    try:  # the peak so far forgotten (Linux 4.0 on); else the growth below is the larger, still a bound
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        pass
+    before = status("VmRSS")
+    found = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            decode_into(data if source == "bytes" else io.BytesIO(data), out, bad_profile=bad_profile)
+            found["filled"] = bool(out.any())
+        except ProfileError as exc:
+            found.update(error=str(exc), profile=exc.profile, tag=exc.tag)
+    found["grown"] = status("VmHWM") - before
+    found["warnings"] = [str(w.message) for w in caught]
+    results.append(found)
+    del data
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the peak memory from /proc/self/status")
+def test_a_huge_shared_tone_curve_is_refused_by_name_in_bounded_memory(tmp_path):
+    """Issue 38, row 7: a 16 MB profile whose three TRCs share one ``curv`` table of 8 million
+    entries made each decode build its samples as Python floats, 1.1 GB more memory on both paths.
+    Curves longer than :data:`hydrax.image.icc.MAX_CURVE_ENTRIES` are now refused before anything
+    is built from them: a ``ProfileError`` naming the profile and the tag, and what to do; with
+    ``bad_profile="warn"`` the image decodes as sRGB. One decode, on either path, grows the
+    process by well under 100 MB (the profile's own 16 MB, joined from its JPEG chunks, is most
+    of what it takes). Measured in a process of its own, one decode after another."""
+    import json
+    import subprocess
+
+    Image = pytest.importorskip("PIL.Image")
+    from hydrax.image import icc
+
+    def jpeg_with(profile: bytes) -> str:
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((24, 32, 3), 120, np.uint8)).save(buffer, "JPEG", quality=90, icc_profile=profile)
+        path = tmp_path / f"{len(profile)}.jpg"
+        path.write_bytes(buffer.getvalue())
+        return str(path)
+
+    hostile = profile_with_curve(8_000_000)
+    assert len(hostile) > 16_000_000
+    hostile_jpeg, usable_jpeg = jpeg_with(hostile), jpeg_with(profile_with_curve(icc.MAX_CURVE_ENTRIES))
+    cases = [(path, source, bad_profile) for source in ("bytes", "file")  # the fast path and Pillow's
+             for path, bad_profile in ((hostile_jpeg, "raise"), (hostile_jpeg, "warn"), (usable_jpeg, "raise"))]
+    result = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(cases)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for (_path, source, _bad), (refused, warned, usable) in zip(cases[::3], zip(*[iter(json.loads(result.stdout))] * 3)):
+        assert refused["grown"] < 100 << 20 and warned["grown"] < 100 << 20, (source, refused["grown"] >> 20,
+                                                                             warned["grown"] >> 20)
+        assert refused.get("tag") == "rTRC" and refused["profile"] == f"'hostile' ({len(hostile)} bytes)", refused
+        for words in ("8000000 entries", f"more than the {icc.MAX_CURVE_ENTRIES}", refused["profile"], "bad_profile='warn'"):
+            assert words in refused["error"], (words, refused["error"])
+        assert warned.get("filled") and any("8000000 entries" in message for message in warned["warnings"]), warned
+        assert usable.get("filled"), usable  # the builder's profiles are otherwise sound
+
+
 if __name__ == "__main__":
     run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

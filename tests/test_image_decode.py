@@ -536,6 +536,61 @@ def test_every_chroma_subsampling_and_odd_size_takes_the_plane_path_within_round
         _assert_within_rounding(ours, pillows, f"{subsampling} {resample}")
 
 
+def _tiny_jpeg(width: int, height: int, subsampling: str) -> bytes:
+    """A ``width`` x ``height`` JPEG (1-8 a side) whose colours change along both axes, within RGB's
+    range everywhere (so clamping plays no part), chroma ``subsampling`` "420", "422" or "440"
+    (Pillow writes no 4:4:0: simplejpeg encodes)."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([60 + 18 * x + 4 * y, 190 - 14 * x + 3 * y, 70 + 15 * y + 5 * x + 6 * (x * y % 3)], axis=2)
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(pixels.astype(np.uint8)), 90, colorspace="RGB",
+                                  colorsubsampling=subsampling)
+
+
+@pytest.mark.parametrize("subsampling", ["420", "422", "440"])
+def test_jpegs_1_to_8_pixels_a_side_fill_the_slot_as_pillows_path(subsampling):
+    """Issue 38, row 6. libjpeg-turbo interpolates half-width chroma (its "fancy" upsampling,
+    which the plane path folds into its chroma filter) only for a chroma plane wider than 2
+    samples; it replicates a narrower one (on both axes for 4:2:0). Images 1-4 pixels wide with
+    chroma at half width therefore match Pillow's path to the bit (they take the RGB path); all
+    others, in every slot form the plane path serves, are within 1 level of it but for its
+    rounding: Pillow's path rounds the upsampled chroma, the RGB values and each resize pass, and
+    is up to 1.4 levels from the exact result, where the plane path rounds once (within 0.5), so
+    a value may be 2 levels apart, rarely."""
+    from hydrax.image import jpeg as jpeg_module
+
+    filters = (2, 1, 3, 4, 5)  # bilinear (the default), Lanczos, bicubic, box, Hamming
+    wrong = []
+    for width, height in itertools.product(range(1, 9), repeat=2):
+        data = _tiny_jpeg(width, height, subsampling)
+        header = jpeg_module.read_header(memoryview(data))
+        assert header is not None and header.sampling[1:] == ((1, 1), (1, 1))
+        replicated = subsampling != "440" and -(-width // 2) <= 2
+        assert jpeg_module.planar(header) != replicated  # the others take the plane path
+        # slots larger and smaller than the image on either axis (none of its own size, which the
+        # RGB path fills); each form the plane path writes
+        outs = [out for out in ((8, 8), (3, 5), (height + 1, width + 2), (max(1, height - 1), width), (height, width + 1))
+                if out != (height, width)]
+        diffs = []
+        for index, (out, kind) in enumerate(itertools.product(outs, filters)):
+            form = (index + index // len(filters)) % 5  # each form meets every filter
+            extra = {"resample": kind}
+            if form == 1:
+                extra.update(crop="random", flip=True, seed=index)
+            channels, dtype, layout = (4 if form == 2 else 3), (np.float32 if form == 3 else np.uint8), ("chw" if form == 4 else "hwc")
+            shape = (channels,) + out if layout == "chw" else out + (channels,)
+            ours, pillows = np.zeros(shape, dtype), np.zeros(shape, dtype)
+            decode_into(data, ours, layout=layout, **extra)
+            decode_into(io.BytesIO(data), pillows, layout=layout, **extra)
+            scale = 255.0 if dtype == np.float32 else 1.0
+            diffs.append(np.abs(ours.astype(np.float64) * scale - pillows.astype(np.float64) * scale).ravel())
+        diff = np.concatenate(diffs)
+        what = f"{width}x{height} {subsampling}: {diff.max():.2f} levels at most, {(diff > 1.001).mean():.1%} over 1"
+        if not (diff.max() <= 2.001 and (diff > 1.001).mean() <= 0.05) or (replicated and diff.max() >= 1e-3):
+            wrong.append((round(float(diff.max())), what))
+    assert not wrong, [what for _, what in sorted(wrong, reverse=True)]
+
+
 def test_without_libjpeg_the_rgb_path_gives_pillows_pixels_exactly(monkeypatch):
     from hydrax.image import jpeg as jpeg_module
 

@@ -251,6 +251,49 @@ def test_the_library_and_layout_refuse_what_they_cannot_use(tmp_path):
             jpeg.library().decode_planes(memoryview(photo()), 48, 32, ((2, 2), (1, 1), (1, 1)), np.zeros(64, np.uint8))
 
 
+def test_a_libjpeg_named_in_the_environment_that_cannot_be_used_is_warned_of_once(tmp_path, monkeypatch, caplog):
+    """Issue 38, row 15: ``HYDRAX_LIBJPEG`` naming a file that does not exist, or one that is no
+    libjpeg, used to turn the plane path off with a DEBUG line only. Now one WARNING per process
+    and path names the variable and the path (and what to do); JPEGs still decode, to RGB. With
+    the variable empty (none asked for) or unset, nothing is said."""
+    import logging
+
+    from hydrax.image import decode_into
+
+    caplog.set_level(logging.DEBUG, logger=jpeg.__name__)
+    not_jpeg = tmp_path / "libnotjpeg.so.62"
+    not_jpeg.write_bytes(b"\x7fELF not really")
+    missing = tmp_path / "missing" / "libjpeg.so.62"
+    data = photo(48, 32)
+    try:
+        for path, reason in ((missing, "no such file"), (not_jpeg, "cannot use")):
+            monkeypatch.setenv(jpeg.LIBJPEG_ENV, str(path))
+            for attempt in range(2):  # asked again in this process (the choice found afresh): still said once
+                caplog.clear()
+                jpeg.library.cache_clear()
+                assert jpeg.library() is None
+                slot, pillows = np.zeros((24, 40, 3), np.uint8), np.zeros((24, 40, 3), np.uint8)
+                decode_into(data, slot)  # the RGB path: Pillow's pixels exactly
+                decode_into(io.BytesIO(data), pillows)
+                np.testing.assert_array_equal(slot, pillows)
+                warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+                if attempt == 0:
+                    assert len(warnings) == 1, warnings
+                    assert jpeg.LIBJPEG_ENV in warnings[0] and str(path) in warnings[0] and reason in warnings[0], warnings
+                else:
+                    assert warnings == [], warnings
+        monkeypatch.setenv(jpeg.LIBJPEG_ENV, "")  # none asked for: the RGB path, silently
+        caplog.clear()
+        jpeg.library.cache_clear()
+        assert jpeg.library() is None and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        monkeypatch.delenv(jpeg.LIBJPEG_ENV, raising=False)
+        jpeg.library.cache_clear()
+    caplog.clear()
+    jpeg.library()  # Pillow's own copy, found or not: never a warning
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
     """The byte offsets _libjpeg.h uses, against a compiler's reading of jpeglib.h where both are
     here (a 64-bit system with libjpeg's development files)."""

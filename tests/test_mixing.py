@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 from dataclasses import replace
 
@@ -78,6 +79,50 @@ def test_weights_are_checked_with_the_culprit_named():
         check_weights([float("nan"), 1], 2)
     with pytest.raises(TypeError, match=r"weights\[0\] must be a number, got bool"):
         check_weights([True, 1], 2)
+
+
+def test_weights_whose_sum_or_size_passes_a_float_are_kept_exact():
+    """Issue 38 row 8: only the weights' ratios count, so no float sum of them is ever taken."""
+    from hydrax import mixing
+    from hydrax.errors import MixtureRangeError
+
+    assert check_weights([1e308, 1e308], 2) == (1e308, 1e308)  # floats are kept as given
+    assert check_weights([10**400, 3 * 10**399, 10**100], 3) == (1.0, 0.3, 1e-300)  # ints beyond a float: by the largest
+    assert mixing.proportions((1e308, 1e308)) == (0.5, 0.5) and mixing.proportions(WEIGHTS) == pytest.approx(WEIGHTS)
+    assert epoch_totals((1e308, 1e308, 5e307), 100).tolist() == [40, 40, 20]
+    layout = Layout.of((1e308, 1e308), 10, 3)
+    assert layout.base.tolist() == [5, 5] and layout.totals.tolist() == [15, 15]
+    with pytest.raises(MixtureRangeError, match=r"weights\[2\] \((np.int64\()?7\)?\) is too small next to weights\[0\]"):
+        check_weights([10**400, 1e300, np.int64(7)], 3)
+
+
+def test_the_schedule_of_a_mixture_ends_after_the_last_epoch_its_positions_count():
+    """Issue 38 row 8: epoch_size 2**61 at epoch 8 overflowed silently; the schedule, a pure
+    function, stops after epoch 2 ((2 + 1) * 2**61 <= 2**63 - 1), where the Dataloader raises."""
+    from hydrax.schedule import Plan, iter_steps
+
+    plan = mixture_plan(epoch_size=2**61)
+    run = Plan(training=(plan,), start=(2, plan.batch_count - 2))
+    steps = [(s.epoch, s.epoch_batch) for s in itertools.islice(iter_steps(run), 3)]
+    assert steps == [(2, plan.batch_count - 2), (2, plan.batch_count - 1)]
+
+    from hydrax.errors import MixtureRangeError
+    from hydrax.mixing import check_epoch, last_epoch
+    from hydrax.schedule import check_epochs, epoch_limit
+
+    assert last_epoch(2**61) == 2 and last_epoch(2**63 - 1) == 0 and last_epoch(2**63) == -1
+    assert epoch_limit(run) == (2**61, 2)
+    order = epoch_order(plan, 2)
+    source, stream = order.place(np.arange(plan.batch_count * 20 - 20, plan.batch_count * 20))
+    assert (stream >= 0).all() and (stream < 3 * order.layout.totals[source]).all()  # no position wrapped
+    for start, end, argument, epoch in [((8, 0), None, "start_at", 8), ((2, 0), ("epoch", 4), "end_at", 3)]:
+        with pytest.raises(MixtureRangeError, match=f"{argument}: epoch {epoch} of a Mixture with epoch_size {2**61}") as caught:
+            check_epochs(Plan(training=(plan,), start=start, end=end))
+        assert (caught.value.epoch_size, caught.value.epoch, caught.value.last_epoch) == (2**61, epoch, 2)
+    check_epochs(Plan(training=(plan,), start=(2, 0), end=("epoch", 3)))
+    check_epochs(Plan(training=(mixture_plan(),), start=(10**15, 0)))  # a small epoch counts far
+    check_epoch(2**61, 2, "start_at")
+    assert epoch_limit(Plan(training=(replace(plan, mixture=None),))) is None
 
 
 @pytest.mark.parametrize("batching", ["random", "stratified"])

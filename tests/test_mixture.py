@@ -113,6 +113,71 @@ def test_a_group_of_a_mixture_counts_batches_by_its_epoch_size():
     assert group.plan.size == 510 and group.plan.mixture.source_sizes == (700, 200, 100)
 
 
+def test_weights_beyond_a_float_sum_are_normalised_exactly_or_refused_naming_them():
+    """Issue 38 row 8: weights [1e308, 1e308] gave proportions (0.0, 0.0); [10**400, 1] an OverflowError."""
+    from hydrax.errors import MixtureRangeError
+
+    huge = Mixture([A, B], weights=[1e308, 1e308])
+    assert huge.proportions == (0.5, 0.5) and huge.weights == (1e308, 1e308)
+    assert "x 0.5" in repr(huge)
+    assert group_of(huge).plan.mixture.weights == (1e308, 1e308)
+    exact = Mixture([A, B], weights=[10**400, 10**399])  # ints beyond a float: divided by the largest, exactly
+    assert exact.weights == (1.0, 0.1) and exact.proportions == pytest.approx((10 / 11, 1 / 11))
+    with pytest.raises(MixtureRangeError, match=r"weights\[1\] \(1\) is too small next to weights\[0\] \(an int of about "
+                                                r"2\*\*1328\) for a float to hold their ratio") as caught:
+        Mixture([A, B], weights=[10**400, 1])
+    assert caught.value.argument == "weights" and isinstance(caught.value, ValueError)
+    with pytest.raises(ValueError, match=r"weights\[0\] must be positive and finite, got an int of about 2\*\*1328"):
+        Mixture([A, B], weights=[-(10**400), 1])
+
+
+@pytest.mark.parametrize("epoch_size", [2**63, 2**64])
+def test_an_epoch_size_past_int64_is_refused_when_the_mixture_is_made(epoch_size):
+    """Issue 38 row 8: epoch_size 2**63 and 2**64 were taken, and failed in int64 once the run started."""
+    import pickle
+
+    from hydrax.errors import MixtureRangeError
+
+    with pytest.raises(MixtureRangeError, match=f"epoch_size: epoch 0 of a Mixture with epoch_size {epoch_size} has positions "
+                                                "past 2\\*\\*63 - 1") as caught:
+        Mixture([A, B], weights=[1, 1], epoch_size=epoch_size)
+    error = caught.value
+    assert (error.argument, error.epoch_size, error.epoch, error.last_epoch) == ("epoch_size", epoch_size, 0, -1)
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), str(again), vars(again)) == (MixtureRangeError, str(error), vars(error))
+    assert Mixture([A, B], weights=[1, 1], epoch_size=2**63 - 1).epoch_size == 2**63 - 1
+
+
+def test_epochs_past_int64_are_refused_at_start_at_and_end_at_and_where_the_run_reaches_them():
+    """Issue 38 row 8: epoch_size 2**61 at epoch 8 overflowed the positions silently. Its last
+    epoch is 2: (2 + 1) * 2**61 <= 2**63 - 1 < 4 * 2**61."""
+    from hydrax.errors import MixtureRangeError
+
+    group = group_of(Mixture([A, B, C], weights=[0.5, 0.3, 0.2], epoch_size=2**61))
+    for kwargs, argument, epoch in [({"start_at": (8, 0)}, "start_at", 8), ({"start_at": (3, 0)}, "start_at", 3),
+                                    ({"start_at": (2, group.batch_count)}, "start_at", 3),
+                                    ({"start_at": (2, 5), "end_at": ("epoch", 4)}, "end_at", 3),
+                                    ({"end_at": ("batch", 3 * group.batch_count + 1)}, "end_at", 3)]:
+        with pytest.raises(MixtureRangeError, match=f"{argument}: epoch {epoch} of a Mixture with epoch_size {2**61}") as caught:
+            Dataloader(load_value, group, **kwargs)
+        assert (caught.value.argument, caught.value.epoch_size, caught.value.epoch, caught.value.last_epoch) == (argument, 2**61, epoch, 2)
+    Dataloader(load_value, group, start_at=(2, 5), end_at=("epoch", 3))  # ends with epoch 2: fine
+    # a run without an end delivers the last epoch whole, then says why it stops
+    tail = (2, group.batch_count - 2)
+    with pytest.raises(MixtureRangeError, match="end_at: epoch 3 of a Mixture") as caught:
+        run(group, start_at=tail, end_at=None)
+    assert caught.value.last_epoch == 2
+    got = []
+    loader = Dataloader(load_value, group, start_at=tail, loader_count=1, timeout_sec=slack_int(60))
+    with pytest.raises(MixtureRangeError), loader:
+        for batch in loader:
+            got.append((batch.epoch, batch.epoch_batch, list(batch.indices)))
+            del batch
+    assert [b[:2] for b in got] == [tail, (2, group.batch_count - 1)]
+    assert got == [b[:3] for b in run(group, start_at=tail, end_at=("epoch", 3))]
+    assert all(0 <= i < len(group) for b in got for i in b[2])
+
+
 @pytest.mark.parametrize("batching", ["random", "stratified"])
 def test_batches_hold_each_sources_own_items_and_say_which_source(batching):
     mixture = Mixture([A, B, C], weights=[0.7, 0.2, 0.1], batching=batching)

@@ -88,6 +88,35 @@ def test_jax_started_by_a_running_loader_leaves_the_fork_server_to_the_next_run(
     assert run_python(code, env={"RAY_RAYLET_PID": "1"}) == "False"
 
 
+@pytest.mark.slow
+def test_loaders_from_the_fork_server_see_the_environment_as_the_dataloader_starts_not_as_jax_started():
+    # A notebook sets os.environ["HF_TOKEN"] after its imports; the fork server started with JAX,
+    # before that. Its loaders must see what a forked one (and hydrax 0.2.2's) sees: the main
+    # process's environment as the Dataloader starts, additions and deletions alike.
+    out = run_python("""
+        import os
+        import multiprocessing.forkserver as fs
+        import numpy as np, jax.numpy as jnp
+        from hydrax import DataGroup, Dataloader
+
+        jnp.zeros(1).block_until_ready()
+        early = fs._forkserver._forkserver_pid is not None
+        os.environ["HX_PROBE"] = "x"
+        del os.environ["HX_GONE"]
+
+        def load(item, arrays, seed):
+            arrays["probe"][...] = {None: 0, "x": 1}.get(os.environ.get("HX_PROBE"), 2)
+            arrays["gone"][...] = {None: 0, "set at start": 1}.get(os.environ.get("HX_GONE"), 2)
+
+        group = DataGroup(4, range(8), loader_arrays={"probe": ((), np.int8, jnp.int8), "gone": ((), np.int8, jnp.int8)})
+        with Dataloader(load, group, loader_count=2, end_at=("epoch", 1)) as dl:
+            seen = {(int(p), int(g)) for batch in dl for p, g in zip(np.asarray(batch.arrays["probe"]), np.asarray(batch.arrays["gone"]))}
+        print(early, dl.start_method, sorted(seen), os.environ.get("HX_PROBE"), os.environ.get("HX_GONE"))
+    """, env={"HX_GONE": "set at start"})
+    # (1, 0): HX_PROBE is "x" and HX_GONE is unset in every loader, as in the main process
+    assert out == "True forkserver [(1, 0)] x None"
+
+
 def test_the_environment_forces_a_method_and_refuses_others(monkeypatch):
     monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")
     assert start_method() == "forkserver"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hydrax.errors import ServeError
+from hydrax.errors import ServeArgumentError, ServeError
 from support import ray_producers
 from support.leftovers import assert_nothing_left, snapshot
 from support.timing import slack
@@ -117,6 +117,24 @@ def test_a_producer_that_cannot_go_on_ends_the_run_with_its_share_named(how):
                 ray.kill(source.actors[0], no_restart=False)
     assert time.monotonic() - started < slack(30)
     assert ("no shards here" if how == "loader fails" else "Actor") in str(caught.value)
+
+
+def test_producers_a_cluster_cannot_run_or_not_an_int_are_refused_at_once_naming_the_argument():
+    # Every actor handle is made before serve_on_ray returns: 10**6 of them held the call for
+    # minutes, out of reach of `timeout`. The bound is loader_count's: 8 per CPU, at least 64.
+    limit = max(64, 8 * int(ray.cluster_resources()["CPU"]))
+    for wrong in ("2", 2.0, True):
+        with pytest.raises(TypeError) as caught:
+            serve_on_ray(ray_producers.make_loader, producers=wrong, num_cpus=0.25, timeout=slack(60))
+        assert isinstance(caught.value, ServeArgumentError) and (caught.value.argument, caught.value.value) == ("producers", wrong)
+    for number in (10**6, limit + 1, 0):
+        started = time.monotonic()
+        with pytest.raises(ServeArgumentError, match="producers") as caught:
+            serve_on_ray(ray_producers.make_loader, producers=number, num_cpus=0.25, timeout=slack(60))
+        assert time.monotonic() - started < slack(5)
+        assert isinstance(caught.value, ValueError) and (caught.value.argument, caught.value.value) == ("producers", number)
+        assert caught.value.limit == (None if number < 1 else limit)
+        assert number < 1 or f"at most {limit}" in str(caught.value)
 
 
 def test_producers_run_at_the_niceness_asked_not_rays():

@@ -661,6 +661,8 @@ def _bad_messages():
         ("an envelope nesting 33 objects", [b'~hx~\0{"k":"data","x":' + b'{"a":' * 32 + b"1" + b"}" * 32 + b"}", *good]),
         ("a data envelope with no tenbin frames", [b'~hx~\0{"k":"data"}']),
         ("frames over max_message_bytes together", [bytes(f) for f in tenbin.encode_list([big, big])]),
+        ("one frame over max_message_bytes", [bytes(400_000)]),
+        ("a data frame over max_message_bytes", [bytes(f) for f in tenbin.encode_list([np.zeros(400_000, np.uint8)])]),
     ]
 
 
@@ -671,15 +673,11 @@ def test_malformed_and_oversize_messages_are_skipped_or_raised_and_the_stream_go
     bad = _bad_messages()
     context = zmq.Context()
     push = context.socket(zmq.PUSH)
-    oversize = context.socket(zmq.PUSH)
     try:
         with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(5), max_message_bytes=300_000, on_bad_message=on_bad_message,
                         aligned=aligned) as consumer:
-            for s in (push, oversize):
-                s.setsockopt(zmq.LINGER, 0)
-                s.connect(f"tcp://127.0.0.1:{port}")
-            # one frame over the limit: ZeroMQ drops the peer that sent it, and nothing arrives
-            oversize.send(np.zeros(400_000, np.uint8))
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(f"tcp://127.0.0.1:{port}")
             plan = []
             for i, (what, frames) in enumerate(bad):
                 plan.append(("good", i))
@@ -702,11 +700,37 @@ def test_malformed_and_oversize_messages_are_skipped_or_raised_and_the_stream_go
             assert consumer.socket.poll(100) == 0
     finally:
         push.close()
-        oversize.close()
         context.term()
     if on_bad_message == "skip":
         warnings = [r for r in caplog.records if "skipped a message" in r.getMessage()]
         assert len(warnings) == len(bad)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_a_message_over_max_message_bytes_is_counted_as_bad_and_its_peer_stays(caplog, aligned):
+    # ZeroMQ's own limit was max_message_bytes: it dropped the peer of a frame over it, and the
+    # message was never counted in bad_messages, as the guide says it is.
+    port = free_port()
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    try:
+        with Connection(f"zpull://127.0.0.1:{port}", timeout=slack(5), max_message_bytes=300_000, aligned=aligned) as consumer:
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(f"tcp://127.0.0.1:{port}")
+            push.send_multipart(_frames(0))
+            push.send(np.zeros(400_000, np.uint8))  # one frame over the limit
+            push.send_multipart([bytes(f) for f in tenbin.encode_list([np.zeros(400_000, np.uint8)])])  # a data frame over it
+            push.send_multipart(_frames(1))  # from the same peer, still connected
+            with caplog.at_level(logging.WARNING, logger="hydrax.serve"):
+                assert_batch(consumer.recv(), 0, 0)
+                assert_batch(consumer.recv(), 0, 1)
+            assert consumer.bad_messages == 2
+            assert consumer.peers == 1
+    finally:
+        push.close()
+        context.term()
+    skipped = [r.getMessage() for r in caplog.records if "skipped a message" in r.getMessage()]
+    assert len(skipped) == 2 and all("over max_message_bytes (300000)" in m for m in skipped)
 
 
 # -- 9. fork ---------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Shards on the Hugging Face Hub (``hf://``), against a local Hub and file store
 (tests/support/hubserver.py): listing through the tree API, globs, revisions and pinning, private
 repositories and tokens, a branch moved under a run, a file store that drops ``Range``, retries,
-a Dataloader with workers, and the ``hydrax`` commands."""
+a Dataloader with workers, and the ``hydrax`` commands; and hostile answers (issue 38): redirects
+that would carry the token to another origin, bodies longer than the range asked for, listings
+whose pages never end, JSON nested past Python's stack, unusable endpoints, renamed repositories."""
 
+import hashlib
 import io
 import json
 import logging
@@ -16,14 +19,14 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
-from hydrax.errors import (AccessDeniedError, ObjectChangedError, ObjectNotFoundError, RevisionMovedError, StoreError,
-                           StoreUnavailableError)
+from hydrax.errors import (AccessDeniedError, ObjectChangedError, ObjectNotFoundError, RevisionMovedError, StoreConfigError,
+                           StoreError, StoreUnavailableError)
 from hydrax.shards import ShardSet, ShardWriter, expand_urls
 from hydrax.shards.hub import HubStore, parse_url, pin_url
 from hydrax.shards.readahead import ReadAhead
 from hydrax.shards.store import HFOptions, run_async, store_for
 
-from support.hubserver import HubServer
+from support.hubserver import Answer, HubServer
 from support.timing import slack, slack_int
 
 TOKEN = "hf_test_token"
@@ -496,3 +499,251 @@ def test_an_expired_file_store_url_is_asked_for_again(hub, dataset, tmp_path):
     assert len(hub.requests("hub", "/resolve/")) == resolves + 1  # once, for the new URL, which then served both reads
     refused = [r for r in hub.requests("cdn") if "sig=s0" in r.path and r.headers.get("Range")]
     assert refused and no_token_at_the_file_store(hub)
+
+
+# -- hostile answers (issue 38) --------------------------------------------------------------------
+
+
+def port_of(url):
+    return url.rsplit(":", 1)[1]
+
+
+def only_the_hub_saw_the_token(hub):
+    return hub.token_origins() <= {f"hub 127.0.0.1:{port_of(hub.url)}"}
+
+
+@pytest.fixture
+def private_shard(hub, tmp_path):
+    """(a URL pinned to a commit of the private dataset org/secret, the shard's bytes)."""
+    paths = write_shards(tmp_path / "local", count=1)
+    sha = hub.create("org/secret", repo_files(paths), private=True)
+    return f"hf://datasets/org/secret@{sha}/data/train-00.tar", open(paths[0], "rb").read()
+
+
+# The Location a redirect names: {other} and {hub} are ports of 127.0.0.1, {other6} one of [::1];
+# every one but the last two leads to another origin than the Hub's as urllib3 connects.
+HOSTILE_LOCATIONS = [
+    "http://127.0.0.1:{other}\\@127.0.0.1:{hub}/blobs/{digest}",  # urllib.parse reads the Hub's host and port here
+    "http://127.0.0.1:{other}\\\\@127.0.0.1:{hub}/blobs/{digest}",
+    "http://127.0.0.1:{other}\\x@127.0.0.1:{hub}/blobs/{digest}",
+    "http://127.0.0.1:{hub}@127.0.0.1:{other}/blobs/{digest}",  # userinfo that looks like the Hub
+    "http://hf_user:hf_pass@127.0.0.1:{other}/blobs/{digest}",
+    "http://%31%32%37.0.0.1:{other}/blobs/{digest}",  # percent-encoded host
+    "http://127.0.0.1:{other}#@127.0.0.1:{hub}/blobs/{digest}",
+    "http://127.0.0.1:{other}?@127.0.0.1:{hub}/blobs/{digest}",
+    "http://[::1]:{other6}/blobs/{digest}",  # IPv6
+    "http://[::ffff:127.0.0.1]:{hub}/blobs/{digest}",  # the Hub's address, written as another host
+    "http://127.0.0.1.:{hub}/blobs/{digest}",  # a trailing dot: another host name
+    "http://%31%32%37.0.0.1:{hub}/blobs/{digest}",  # the Hub's own origin, percent-encoded: it may have the token
+    "/blobs/{digest}\\@127.0.0.1:{other}",  # relative: the same origin as the redirect
+]
+
+
+@pytest.mark.parametrize("source", ["cdn", "hub"])
+@pytest.mark.parametrize("location", HOSTILE_LOCATIONS)
+def test_the_token_goes_only_to_the_hubs_origin_as_urllib3_connects(hub, private_shard, location, source):
+    """Issue 38 row 1: a redirect whose host urllib.parse and urllib3 read differently never
+    carries the token to the origin urllib3 connects to (unless that is the Hub's own)."""
+    url, data = private_shard
+    digest = hashlib.sha256(data).hexdigest()
+    other6 = port_of(hub.other6_url) if hub.other6_url else "1"
+    target = location.format(hub=port_of(hub.url), other=port_of(hub.other_url), other6=other6, digest=digest)
+    hub.answer_next(None, Answer(302, {"Location": target}), server=source, match="/blobs/|/resolve/")
+    store = HubStore(HFOptions(token=TOKEN, max_attempts=1))
+    try:
+        got = store.read(url, 100, 50)
+    except StoreError:
+        pass
+    else:
+        assert bytes(got) == data[100:150]
+    assert only_the_hub_saw_the_token(hub), hub.token_origins()
+    assert len(hub.requests("hub")) >= 1
+
+
+def test_the_headline_redirect_reaches_another_origin_without_the_token(hub, private_shard):
+    url, data = private_shard
+    digest = hashlib.sha256(data).hexdigest()
+    hub.answer_next(None, Answer(302, {"Location": f"http://127.0.0.1:{port_of(hub.other_url)}\\@127.0.0.1:{port_of(hub.url)}/blobs/{digest}"}),
+                    server="cdn", match="/blobs/")
+    assert bytes(HubStore(HFOptions(token=TOKEN, max_attempts=1)).read(url, 100, 50)) == data[100:150]
+    other = hub.requests("other")
+    assert other and all("Authorization" not in r.headers for r in other)  # urllib3 went to the other port, tokenless
+    assert only_the_hub_saw_the_token(hub)
+
+
+def lfs_shard(hub, dataset):
+    sha, paths = dataset
+    return f"hf://datasets/org/data@{sha}/data/train-00.tar", open(paths[0], "rb").read()
+
+
+HUGE = 64 << 20
+BLOCK = b"x" * (64 << 10)
+
+
+def content_range(start, end, total):
+    return {"Content-Range": f"bytes {start}-{end}/{total}"}
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close"])
+def test_a_range_answered_with_a_longer_body_is_refused_after_the_range(hub, dataset, framing):
+    """Issue 38 row 2: a 206 with the right Content-Range and a 64 MiB body for 100 bytes."""
+    url, data = lfs_shard(hub, dataset)
+    length = {"length": "auto", "chunked": None, "close": None}[framing]
+    hub.answer_next(None, Answer(206, content_range(100, 199, len(data)), BLOCK, HUGE // len(BLOCK), length, framing == "chunked"),
+                    server="cdn", match="/blobs/")
+    with pytest.raises(StoreError) as refused:
+        HubStore(HFOptions(max_attempts=2)).read(url, 100, 100)
+    error = refused.value
+    assert not isinstance(error, StoreUnavailableError) and error.url == url and error.offset == 100
+    assert "asked for bytes 100-199 (100 bytes)" in str(error)
+    assert all(r.sent < HUGE // 2 for r in hub.requests("cdn"))  # the reader stopped: it did not take the body in
+
+
+def test_a_whole_file_read_stops_at_the_size_the_hub_said(hub, dataset):
+    """Issue 38 row 2: a 200 for a whole-file read whose body runs on past X-Linked-Size."""
+    url, data = lfs_shard(hub, dataset)
+    hub.answer_next(None, Answer(200, {}, BLOCK, HUGE // len(BLOCK), None, True), server="cdn", match="/blobs/")
+    with pytest.raises(StoreError) as refused:
+        HubStore(HFOptions(max_attempts=2)).read(url)
+    assert not isinstance(refused.value, StoreUnavailableError) and refused.value.url == url
+    assert f"the whole file ({len(data)} bytes, as the Hub said)" in str(refused.value)
+    assert all(r.sent < HUGE // 2 for r in hub.requests("cdn"))
+
+
+def test_a_stream_stops_at_the_end_of_its_range(hub, dataset):
+    """Issue 38 row 2, streamed: the bytes of the range, then a StoreError for the body that goes on."""
+    url, data = lfs_shard(hub, dataset)
+
+    def longer(request):
+        body = data[100:3000] + BLOCK * (HUGE // len(BLOCK))
+        return Answer(206, content_range(100, 2999, len(data)), body, 1, None, True)
+
+    hub.answer_next(None, longer, server="cdn", match="/blobs/")
+    store = HubStore(HFOptions(max_attempts=2))
+    got = []
+
+    async def streamed():
+        async for piece in store.stream_async(url, 100, 3000):
+            got.append(bytes(piece))
+
+    with pytest.raises(StoreError, match=r"asked for bytes 100-2999 \(2900 bytes\), the server went on sending past byte 2999") as refused:
+        run_async(streamed())
+    assert refused.value.url == url and b"".join(got) == data[100:3000][: len(b"".join(got))]
+    announced = Answer(206, {**content_range(100, 2999, len(data)), "Content-Length": HUGE}, data[100:3000], length=None)
+    hub.answer_next(None, announced, server="cdn", match="/blobs/")
+    with pytest.raises(StoreError, match=f"announces {HUGE} bytes"):
+        run_async(streamed())
+
+
+def tree_pages(hub, following):
+    """Tree answers of one file each, whose Link names ``following(request, n)`` (None: no more)."""
+    served = []
+
+    def page(request):
+        served.append(request.path)
+        entry = {"type": "file", "oid": "0" * 40, "size": 10, "path": f"data/f{len(served):05d}.tar"}
+        nxt = following(request, len(served))
+        return Answer(200, {"Content-Type": "application/json", **({"Link": f'<{nxt}>; rel="next"'} if nxt else {})},
+                      json.dumps([entry]).encode())
+
+    hub.answer_next(None, page, server="hub", match="/tree/")
+    return served
+
+
+def test_a_tree_listing_that_names_its_own_page_again_is_refused(hub, dataset):
+    """Issue 38 row 3: ``Link: <same page>; rel="next"``."""
+    sha, _ = dataset
+    served = tree_pages(hub, lambda request, n: hub.url + request.path if n < 50 else None)
+    prefix = f"hf://datasets/org/data@{sha}/data/"
+    with pytest.raises(StoreError, match="names the page .* again") as refused:
+        store_for(prefix).list(prefix)
+    assert refused.value.url == prefix and len(served) == 1
+
+
+def test_a_tree_listing_whose_pages_never_end_is_refused(hub, dataset, monkeypatch):
+    """Issue 38 row 3: every page names a new next one."""
+    from hydrax.shards import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "MAX_PAGES", 20, raising=False)
+    sha, _ = dataset
+    served = tree_pages(hub, lambda request, n: f"{hub.url}{request.path.split('?')[0]}?recursive=true&cursor={n}" if n < 60 else None)
+    prefix = f"hf://datasets/org/data@{sha}/data/"
+    with pytest.raises(StoreError, match="runs past 20 pages") as refused:
+        store_for(prefix).list(prefix)
+    assert refused.value.url == prefix and len(served) == 20
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+
+
+@pytest.mark.parametrize("api", ["revision", "tree"])
+def test_json_nested_past_pythons_stack_is_a_store_error(hub, dataset, api):
+    """Issue 38 row 4: a 200,000-deep answer of the revision or tree API."""
+    sha, _ = dataset
+    hub.answer_next(None, Answer(200, {"Content-Type": "application/json"}, DEEP), server="hub", match=f"/{api}/")
+    url = "hf://datasets/org/data/data/train-00.tar" if api == "revision" else f"hf://datasets/org/data@{sha}/data/"
+    store = store_for(url)
+    with pytest.raises(StoreError, match="nests JSON deeper than Python can parse") as refused:
+        store.commit_of(url) if api == "revision" else store.list(url)
+    assert refused.value.url == url and not isinstance(refused.value, StoreUnavailableError)
+
+
+def test_an_api_answer_is_read_up_to_a_bound(hub, dataset, monkeypatch):
+    """Issue 38 row 4: at most MAX_API_BYTES of an answer of the API is read."""
+    from hydrax.shards import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "MAX_API_BYTES", 1 << 20, raising=False)
+    sha, _ = dataset
+    url = f"hf://datasets/org/data@{sha}/data/"
+    hub.answer_next(1, Answer(200, {}, b"[" + b'"aaaaaaa",' * (1 << 20) + b'"a"]', length=None, chunked=True), server="hub", match="/tree/")
+    with pytest.raises(StoreError, match=f"longer than the {1 << 20} bytes"):
+        store_for(url).list(url)
+    hub.answer_next(1, Answer(200, {}, b"[]" + b" " * (2 << 20)), server="hub", match="/tree/")
+    with pytest.raises(StoreError, match=f"announces {(2 << 20) + 2} bytes"):
+        store_for(url).list(url)
+    assert all(r.sent < (8 << 20) for r in hub.requests("hub"))
+
+
+BAD_ENDPOINTS = [("http://127.0.0.1:99999", "its port is not a number from 0 to 65535"),
+                 ("http://127.0.0.1:abc", "its port is not a number from 0 to 65535"),
+                 ("http://127.0.0.1:-1", "its port is not a number from 0 to 65535"),
+                 ("http://[::1", "its IPv6 address has no closing ']'"),
+                 ("http://[::1]:70000", "its port is not a number from 0 to 65535"),
+                 ("http://127.0.0.1:1\\@127.0.0.1:2", "it holds a backslash"),
+                 ("http://user@127.0.0.1:8080", "it may hold only a scheme, a host, a port and a path (no user name")]
+
+
+@pytest.mark.parametrize("where", ["option", "environment"])
+@pytest.mark.parametrize("endpoint, why", BAD_ENDPOINTS)
+def test_an_unusable_endpoint_is_a_config_error_naming_where_it_was_set(monkeypatch, endpoint, why, where):
+    """Issue 38 row 5, in the words the S3 store uses for its endpoints."""
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    if where == "environment":
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    options = HFOptions(token="", endpoint=endpoint if where == "option" else None, max_attempts=1)
+    origin = "HFOptions(endpoint=...)" if where == "option" else "the environment variable HF_ENDPOINT"
+    with pytest.raises(StoreConfigError) as refused:
+        HubStore(options).stat("hf://datasets/org/data@" + "a" * 40 + "/x.tar")
+    assert f"the Hub endpoint URL {endpoint!r}, set by {origin}, is not usable: {why}" in str(refused.value)
+    assert isinstance(refused.value, ValueError) and "set it to the Hub's URL" in str(refused.value)
+
+
+def test_a_renamed_repository_is_followed_with_the_token_and_its_new_name_logged_once(hub, tmp_path, caplog, monkeypatch):
+    """Issue 38 row 16: the Hub answers for a renamed repository with a 307 to the new name."""
+    from hydrax.shards import hub as hub_module
+
+    monkeypatch.setattr(hub_module, "_moved", set(), raising=False)  # what this process has logged so far
+    paths = write_shards(tmp_path / "local", count=2)
+    sha = hub.create("org/old", repo_files(paths), private=True)
+    hub.rename("org/old", "neworg/newname")
+    url = "hf://datasets/org/old/data/*.tar"
+    with caplog.at_level(logging.WARNING, logger="hydrax.shards.hub"):
+        shards = ShardSet(url, cache_dir=str(tmp_path / "cache"), readahead=NO_READAHEAD, hf=HFOptions(token=TOKEN))
+        assert classes(shards) == list(range(14))
+        assert list(shards.urls)[0] == f"hf://datasets/org/old@{sha}/data/train-00.tar"
+    moved = [r for r in caplog.records if "has moved to neworg/newname" in r.getMessage()]
+    assert len(moved) == 1, caplog.text
+    assert "write hf://datasets/neworg/newname/data/*.tar instead of hf://datasets/org/old/data/*.tar" in moved[0].getMessage()
+    redirected = hub.requests("hub", "/org/old/")
+    assert redirected and all(r.headers.get("Authorization") == f"Bearer {TOKEN}" for r in hub.requests("hub"))
+    assert only_the_hub_saw_the_token(hub) and hub.requests("cdn")

@@ -294,6 +294,9 @@ def test_a_transient_failure_is_still_retried(store_log, tmp_path):
     ("not a url", "a URL has no spaces"),
     ("http://127.0.0.1:99999", "its port is not a number"),  # obstore panics: InvalidPort
     ("http:/127.0.0.1", "it names no host"),
+    ("http://[::1", "its host is not a host name or an address"),  # urllib: "Invalid IPv6 URL", a StoreUnavailableError before
+    ("http://127.0.0.1:abc", "its port is not a number"),
+    ("http://127.0.0.1:-1", "its port is not a number"),
 ])
 def test_a_malformed_endpoint_argument_fails_at_once_naming_it(s3_store, store_log, tmp_path, endpoint, why):
     """Twenty attempts with back-off would take half a minute; none is retried, and obstore never

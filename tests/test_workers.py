@@ -1,6 +1,11 @@
 """The worker protocol, without the pipeline: task records in, completions and start-up reports out."""
 
+import os
+import subprocess
+import sys
+
 import pytest
+from support.timing import slack
 from support.workbench import wait_until, workbench
 
 from hydrax.errors import StoreError
@@ -89,3 +94,59 @@ def test_a_worker_that_reads_a_task_after_the_stop_word_exits_without_loading_it
         with pytest.raises(EOFError):  # it sent nothing: the task was not loaded
             bench.pool.connections[stopped].recv()
         assert not bench.pool.connections[1 - stopped].poll(0.2)
+
+
+# -- the error that ends a run is logged once ----------------------------------------------------
+
+UNREADABLE_SCRIPT = """
+import logging
+import sys
+
+import numpy as np
+import jax.numpy as jnp
+from hydrax import DataGroup, Dataloader
+from hydrax.errors import ShardFormatError
+
+# hydrax's records down to DEBUG, in every process that inherits this set-up (forked workers),
+# marked and counted by the test; fork-server workers log at their own level (hydrax's, sent to
+# them) through Python's last resort, unmarked, on the same stderr
+logging.basicConfig(level=logging.WARNING, format="RECORD %(process)d %(name)s %(levelname)s %(message)s")
+logging.getLogger("hydrax").setLevel(logging.DEBUG)
+
+
+def load(item, arrays, seed):
+    raise ShardFormatError("the manifest counts 10 samples, the shard holds 8", url="shard-000.tar")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "forkserver":
+        jnp.ones(1).block_until_ready()  # JAX is live: workers start from the fork server
+    group = DataGroup(6, range(60), loader_arrays={"x": ((), np.int32, jnp.int32)})
+    try:
+        with Dataloader(load, group, loader_count=3, end_at=("epoch", 1)) as dl:
+            print("METHOD", dl.start_method, flush=True)
+            for batch in dl:
+                pass
+    except ShardFormatError as exc:
+        print("RAISED", type(exc).__name__, exc.url, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_an_error_that_ends_the_run_met_by_every_item_in_flight_is_logged_once(tmp_path, method):
+    # Unreadable data fails every item in flight, in every worker: each logged its traceback,
+    # and a run ended with 10 to 13 identical ones. The first worker to meet it logs it.
+    script = tmp_path / "unreadable.py"
+    script.write_text(UNREADABLE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "HYDRAX_START_METHOD"}
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=slack(120), env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split() == ["METHOD", method, "RAISED", "ShardFormatError", "shard-000.tar"]
+    err = done.stderr
+    assert err.count("exception while loading data item") == 1, err[-6000:]
+    assert err.count("Traceback (most recent call last)") == 1
+    assert err.count("ShardFormatError: shard-000.tar: the manifest counts 10 samples") == 1
+    if method == "fork":  # the forked workers' records are marked: one for the error, from one worker
+        records = [line for line in err.splitlines() if line.startswith("RECORD") and "exception while loading" in line]
+        assert len(records) == 1 and records[0].split()[2] == "hydrax.workers"

@@ -17,7 +17,10 @@ import numpy as np
 
 from ..errors import ProfileError
 
-
+#: The most entries hydrax reads from an ICC ``curv`` table. The count is a 32-bit field, so a
+#: profile of a few MB could otherwise ask for millions of samples (each a Python float); more
+#: samples than 16-bit codes say nothing more, and LittleCMS reads no more than 32767.
+MAX_CURVE_ENTRIES = 65536
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,11 @@ def _xyz(data: bytes, tags: dict, name: bytes) -> tuple[float, float, float]:
     return _s15f16(data, offset + 8, 3)
 
 
+def _named(data: bytes) -> str:
+    """How errors name the profile ``data``: its description (see :func:`description`) and size."""
+    return f"{description(data)!r} ({len(data)} bytes)"
+
+
 def _curve(data: bytes, tags: dict, name: bytes) -> Curve:
     offset, size = tags[name]
     kind = data[offset : offset + 4]
@@ -113,6 +121,14 @@ def _curve(data: bytes, tags: dict, name: bytes) -> Curve:
         count = struct.unpack_from(">I", data, offset + 8)[0]
         if 12 + 2 * count > size:
             raise ProfileError(f"ICC curve {name.decode()} declares {count} entries but its tag holds fewer")
+        if count > MAX_CURVE_ENTRIES:
+            # refused before anything is built from it: no other check bounds the table's memory
+            profile = _named(data)
+            raise ProfileError(
+                f"the ICC profile {profile} has a tone curve {name.decode()} of {count} entries, more than the "
+                f"{MAX_CURVE_ENTRIES} hydrax reads (LittleCMS reads at most 32767): the profile is damaged or "
+                "hostile. Re-save the image without it or with a usable one, or decode with bad_profile='warn' "
+                "to treat the image as sRGB", profile=profile, tag=name.decode())
         if count == 0:
             return Curve("table", ())
         if count == 1:

@@ -54,6 +54,10 @@ _PILLOW_LIBRARIES = ("../pillow.libs/libjpeg*.so*", ".dylibs/libjpeg*.dylib")
 #: Set to the path of a libjpeg-turbo (ABI 6.2) to use that one for planes, or to an empty string
 #: to decode every JPEG through :func:`decode` instead.
 LIBJPEG_ENV = "HYDRAX_LIBJPEG"
+#: libjpeg-turbo upsamples a chroma plane of half the width by interpolating ("fancy"
+#: upsampling, which the plane path models) only when the plane is wider than this many
+#: samples (jdsample.c); narrower planes are replicated, so their files take the RGB path.
+MIN_FANCY_WIDTH = 2
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +238,9 @@ def library() -> _core.JpegLibrary | None:
     """The libjpeg-turbo :func:`decode_planes` uses: ``$HYDRAX_LIBJPEG`` where that is set
     (empty: none), else the copy Pillow's wheel brings; None where there is none that decodes a
     test image correctly (a Pillow built against another libjpeg, another ABI, a 32-bit
-    platform). Found once per process."""
+    platform). Found once per process. A library ``$HYDRAX_LIBJPEG`` names that cannot be used
+    (no such file, not a libjpeg, another ABI) is logged as a WARNING, once per process; the
+    copy beside Pillow quietly (DEBUG), since nobody asked for it."""
     chosen = os.environ.get(LIBJPEG_ENV)
     if chosen is not None:
         candidates = [chosen] if chosen else []
@@ -246,13 +252,34 @@ def library() -> _core.JpegLibrary | None:
     for path in candidates:
         try:
             found = _core.JpegLibrary(path)
-        except OSError as exc:
-            log.debug("%s", exc)
+        except (OSError, ValueError) as exc:  # ValueError: a name the file system cannot take (not UTF-8)
+            missing = os.sep in path and not os.path.exists(path)  # a bare name is looked for as dlopen looks
+            _unusable(path, chosen is not None, "there is no such file" if missing else str(exc))
             continue
         if _decodes_correctly(found):
             return found
-        log.debug("%s does not decode planes as libjpeg-turbo 6.2 does; JPEGs are decoded to RGB", path)
+        _unusable(path, chosen is not None, "it does not decode planes as libjpeg-turbo 6.2 does")
     return None
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _unusable(path: str, asked: bool, reason: str) -> None:
+    """Say that the libjpeg at ``path`` cannot decode planes: a WARNING, once per process and
+    path, where ``$HYDRAX_LIBJPEG`` asked for it (the plane path is then off, which the user
+    should hear of); at DEBUG where it was only a candidate found beside Pillow."""
+    if not asked:
+        log.debug("%s cannot decode JPEG planes (%s); JPEGs are decoded to RGB", path, reason)
+        return
+    with _warned_lock:
+        if path in _warned:
+            return
+        _warned.add(path)
+    log.warning("%s=%r cannot be used to decode JPEG planes: %s. JPEGs are decoded to RGB instead (slower); set %s "
+                "to a libjpeg-turbo of libjpeg's 6.2 ABI, unset it to use the one Pillow brings, or set it empty to "
+                "decode to RGB without this warning", LIBJPEG_ENV, path, reason, LIBJPEG_ENV)
 
 
 def _decodes_correctly(found: _core.JpegLibrary) -> bool:
@@ -277,11 +304,20 @@ def _decodes_correctly(found: _core.JpegLibrary) -> bool:
 
 def planar(header: JpegHeader) -> bool:
     """Whether :func:`decode_planes` takes a file of this header: three components, luma sampled
-    most, both chroma planes alike, at half or full luma resolution on each axis."""
+    most, both chroma planes alike, at half or full luma resolution on each axis, and a chroma
+    plane of half the width more than :data:`MIN_FANCY_WIDTH` samples wide."""
     if header.components != 3:
         return False
     (h, v), chroma, other = header.sampling
-    return chroma == other and h in (1, 2) and v in (1, 2) and h % chroma[0] == 0 and v % chroma[1] == 0
+    if not (chroma == other and h in (1, 2) and v in (1, 2) and h % chroma[0] == 0 and v % chroma[1] == 0):
+        return False
+    # The plane kernels weigh half-width chroma as libjpeg's triangle ("fancy") upsampling makes
+    # it. libjpeg-turbo only does that for a plane wider than 2 samples: a narrower one it
+    # replicates, on both axes for 4:2:0, so an image 1-4 pixels wide came out up to 25 levels
+    # off. Such images are tiny: the RGB path decodes them, to Pillow's bit, at no cost worth
+    # saving.
+    across = h // chroma[0]
+    return across == 1 or -(-header.width // across) > MIN_FANCY_WIDTH
 
 
 def decode_planes(data: memoryview, header: JpegHeader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

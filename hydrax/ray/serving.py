@@ -23,7 +23,8 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
-from ..errors import ServeError
+from ..arguments import LOADERS_PER_CPU, MIN_LOADER_LIMIT
+from ..errors import ServeArgumentError, ServeArgumentTypeError, ServeError
 from ..serve import Collector, Message, ServeReport, serve
 from .runtime import import_ray
 
@@ -145,6 +146,40 @@ class Source:
         self.close()
 
 
+def check_producer_type(producers: Any) -> None:
+    """Refuse a ``producers`` that is not an int (a bool, a float) before Ray is touched."""
+    if isinstance(producers, bool) or not hasattr(producers, "__index__"):
+        raise ServeArgumentTypeError(f"producers must be an int (how many producer actors), got {producers!r}",
+                                     argument="producers", value=producers)
+
+
+def check_producers(producers: Any, cluster_cpus: float) -> int:
+    """``producers`` as an int, refused unless it is from 1 to what a cluster of ``cluster_cpus``
+    CPUs can run.
+
+    Every actor handle is made before :func:`serve_on_ray` returns, so a number no cluster can
+    run (``10**6``) would hold the call for minutes, out of reach of ``timeout``, which only the
+    returned :class:`Source` applies. The bound is the one a Dataloader's ``loader_count`` has on
+    one machine (:data:`hydrax.arguments.LOADERS_PER_CPU` per CPU, at least
+    :data:`hydrax.arguments.MIN_LOADER_LIMIT`): producers waiting on storage may outnumber the
+    CPUs, but not by more than that.
+    """
+    check_producer_type(producers)
+    count = int(producers)
+    if count < 1:
+        raise ServeArgumentError(f"producers must be at least 1 (how many producer actors), got {count}",
+                                 argument="producers", value=producers)
+    cpus = int(cluster_cpus)
+    limit = max(MIN_LOADER_LIMIT, LOADERS_PER_CPU * cpus)
+    if count > limit:
+        raise ServeArgumentError(
+            f"producers is {count}, more producer actors than this Ray cluster can run: at most {limit} ({LOADERS_PER_CPU} "
+            f"per CPU of the cluster, {cpus} now, and never fewer than {MIN_LOADER_LIMIT}); a few per CPU is usually "
+            "enough, and each producer's Dataloader can use several loader processes (loader_count)",
+            argument="producers", value=producers, limit=limit)
+    return count
+
+
 def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, producers: int, num_cpus: float = 1,
                  resources: dict[str, float] | None = None, max_restarts: int = -1, start_at: tuple[int, int] | None = None,
                  fingerprint: str = "", timeout: float | None = 60.0, credit: int = 4, arrays: list[str] | None = None,
@@ -161,7 +196,10 @@ def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, pro
     :param url: where the trainer's collector binds, ``zpull://HOST:PORT``; default: this node's
         address with a port the system chooses. A ``0.0.0.0`` or ``*`` host is given to the
         producers as this node's address.
-    :param producers: how many actors (shares).
+    :param producers: how many actors (shares): at most 8 per CPU of the Ray cluster as it is
+        when called (and at least 64 are allowed), the bound a Dataloader's ``loader_count`` has
+        on one machine; more is refused at once with
+        :class:`~hydrax.errors.ServeArgumentError`.
     :param num_cpus: CPUs Ray reserves for each actor. Its loader processes are not counted by
         Ray: reserve what the Dataloader's ``loader_count`` will use.
     :param resources: other Ray resources per actor (``{"data_node": 1}`` to place them).
@@ -181,11 +219,11 @@ def serve_on_ray(make_loader: Callable[..., Any], url: str | None = None, *, pro
         instead of TCP (the collector tells each whether it shares its host); True sizes the
         ring from the first batch, an int gives its bytes; None: TCP for all.
     """
+    check_producer_type(producers)
     ray = import_ray()
-    if not (isinstance(producers, int) and producers >= 1):
-        raise ValueError(f"producers must be a positive int, got {producers!r}")
     if not ray.is_initialized():
         ray.init()
+    producers = check_producers(producers, ray.cluster_resources().get("CPU", 0))
     host = ray.util.get_node_ip_address()
     collector = Collector(url or f"zpull://{host}:*", producers, credit=credit, timeout=timeout)
     try:

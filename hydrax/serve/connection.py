@@ -66,6 +66,13 @@ KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 10, 5, 3
 FAILING_SECONDS = 2.0
 #: How often a PUSH fan-out offers another end marker while consumers remain.
 END_RETRY_SECONDS = 0.02
+#: ZeroMQ's own limit on one frame is this many times ``max_message_bytes`` (at least
+#: :data:`FRAME_GUARD_MIN_BYTES`): a guard on memory, checked on the frame's size before any of it
+#: is received. ZeroMQ drops the connection of a frame past it and tells no one why (its monitor
+#: reports a plain disconnection), so it cannot be counted: the guard sits well above
+#: ``max_message_bytes``, which the Connection itself applies to whole messages, counting them.
+FRAME_GUARD_FACTOR = 4
+FRAME_GUARD_MIN_BYTES = 64 << 20
 
 _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -146,7 +153,11 @@ class Connection:
         the bound on what waits in memory (about ``hwm`` messages on each side).
     :param linger: seconds :meth:`close` waits for queued messages to leave (default ``timeout``,
         or 60 s when that is None).
-    :param max_message_bytes: larger messages are refused (the peer sending them is dropped).
+    :param max_message_bytes: larger messages are refused: a :class:`MessageError`, skipped and
+        counted in :attr:`bad_messages` (or raised, see ``on_bad_message``), and the peer that sent
+        one stays connected. One frame past :data:`FRAME_GUARD_FACTOR` times this (at least
+        :data:`FRAME_GUARD_MIN_BYTES`) is cut off by ZeroMQ itself, with its connection, before it
+        is received: a guard on memory that ZeroMQ gives no reason for, so that one is not counted.
     :param max_queued_bytes: a producer's memory budget: :meth:`send` waits (up to ``timeout``)
         while the batches ZeroMQ still holds would exceed it with the next one (one batch always
         fits). None: only ``hwm`` bounds the queue.
@@ -285,7 +296,7 @@ class Connection:
         socket.setsockopt(zmq.LINGER, int(linger * 1000))
         socket.setsockopt(zmq.SNDHWM, self.hwm)
         socket.setsockopt(zmq.RCVHWM, self.hwm)
-        socket.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        socket.setsockopt(zmq.MAXMSGSIZE, frame_guard(self.max_message_bytes))
         if socket_type in (zmq.PULL, zmq.SUB):
             # No ZMTP heartbeats on a receiver: libzmq (4.3.x) asserts (!_io_error), or drops the
             # connection and what is queued on it, when a heartbeat comes due while the
@@ -640,6 +651,10 @@ class Connection:
         """Append the frames of the message that follow ``first`` (``size`` bytes so far) to
         ``frames``; past ``max_message_bytes`` in all, drain the rest and raise MessageError."""
         more = first.more  # the frame knows: no getsockopt call per frame
+        if size > self.max_message_bytes:  # one frame alone, over the limit: ZeroMQ's guard is higher
+            self._drain(socket)
+            raise MessageError(f"message from {self._where()} is over max_message_bytes ({self.max_message_bytes})",
+                               url=self.endpoints[0].url)
         while more:
             header = None
             # by the message's own shape, not this Connection's sending mode: receiving takes both
@@ -840,6 +855,19 @@ class Connection:
         except (ServeError, zmq.ZMQError):
             pass
         self.close(linger=FAILING_SECONDS)
+
+
+def frame_guard(max_message_bytes: int) -> int:
+    """ZeroMQ's limit on one frame (``ZMQ_MAXMSGSIZE``) for a Connection of ``max_message_bytes``.
+
+    Not ``max_message_bytes`` itself: ZeroMQ drops the peer of a frame over its limit without a
+    word, and the message could not be counted in ``bad_messages`` as documented. Above it, by
+    :data:`FRAME_GUARD_FACTOR` (at least :data:`FRAME_GUARD_MIN_BYTES`), the Connection sees such a
+    message and refuses it itself; the guard still spares memory a frame that claims gigabytes.
+    """
+    if max_message_bytes < 0:
+        return -1  # no limit, as ZeroMQ reads -1
+    return min(max(FRAME_GUARD_FACTOR * max_message_bytes, FRAME_GUARD_MIN_BYTES), 2**63 - 1)
 
 
 def _check_options(protocol: str, output: str, on_bad_message: str, timeout: float | None, hwm: int,

@@ -19,13 +19,26 @@ later set-up that finds the branch elsewhere raises :class:`~hydrax.errors.Revis
 **Reads.** ``GET {endpoint}/{datasets/}ORG/NAME/resolve/{sha}/{path}`` with a ``Range`` header.
 The Hub answers for a large (LFS or Xet) file with a redirect to a file store on another host.
 hydrax follows it itself: the Hub's ETag and commit are on the redirect, the ``Range`` goes on to
-the file store, and the token goes to the Hub's own host only. The redirect's target is a signed
-URL: it serves the file's later reads in this process (for :data:`LOCATION_SECONDS` at most) and is
-asked for again when the file store refuses it, which halves the requests and keeps reads clear
-of the Hub's rate limit on resolves.
+the file store. The redirect's target is a signed URL: it serves the file's later reads in this
+process (for :data:`LOCATION_SECONDS` at most) and is asked for again when the file store refuses
+it, which halves the requests and keeps reads clear of the Hub's rate limit on resolves.
 
-A ranged request must be answered with ``206`` and the ``Content-Range`` asked for. A server or
-proxy that drops ``Range`` answers ``200`` with the whole object: for an object of at most
+**The token** goes only to the endpoint's origin: the scheme, host and port of a request as
+urllib3 connects (every URL, a redirect's ``Location`` included, is read once with urllib3's own
+parser, and the request goes to exactly the URL that was judged; default ports count as written).
+A redirect to any other origin (the file store, another port, ``http`` for ``https``, another
+spelling of the host) is followed without it. Redirects of the API (the Hub's answer for a renamed
+repository: a ``307`` to the new name, logged once per repository) and the tree API's next pages
+are followed within the Hub's host only; at most five redirects a request.
+
+**Bounds.** A ranged request must be answered with ``206`` and the ``Content-Range`` asked for,
+and at most the range's length (and one byte more, to see that there is more) is read of its body:
+a body longer than the range, announced or sent, is a :class:`~hydrax.errors.StoreError` naming
+the URL and the range. A whole-file read takes at most the size the Hub said (``X-Linked-Size``,
+else ``Content-Length``), a stream its range. An answer of the API is read up to
+:data:`MAX_API_BYTES`, JSON nested too deep for Python is a ``StoreError``, and a listing's pages
+end within :data:`MAX_PAGES` or at the first page named twice. A server or proxy that drops
+``Range`` answers ``200`` with the whole object: for an object of at most
 ``HFOptions.max_unranged_bytes`` the part asked for is cut from it (a warning is logged once per
 host); a larger one raises :class:`~hydrax.errors.StoreError` naming the URL and offset before its
 body is read. Transient failures (connection errors, truncated bodies, timeouts, 5xx, 429 after
@@ -49,6 +62,7 @@ import dataclasses
 import email.utils
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -79,9 +93,28 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 
 _KINDS = {"datasets": "dataset", "models": "model"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: The most bytes of one answer of the Hub's API (a revision, a page of a tree listing) that are
+#: read: a page of a thousand files is a few hundred KiB, and a longer answer is refused before it
+#: fills memory.
+MAX_API_BYTES = 32 << 20
+#: The most pages of one tree listing that are followed (the Hub's pages hold up to a thousand
+#: files): a listing whose pages never end is refused.
+MAX_PAGES = 10_000
+
 _REDIRECTS = (301, 302, 303, 307, 308)
 _MAX_HOPS = 5
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# The most of an unwanted body (a redirect's, the rest of an error's) read so that its connection
+# can serve another request; a longer one (or one that never ends) closes the connection instead.
+_DISCARD_BYTES = 64 << 10
+# The most one read of a body asks for at once (http.client allocates what it is asked for).
+_PIECE = 64 << 20
+# At most 19 digits: int() of the 5,000-digit number a hostile header may hold is a ValueError.
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d{1,19})-(\d{1,19})/(\d{1,19}|\*)")
+_COUNT = re.compile(r"[0-9]{1,19}")
+# The path of a repository's API call or read, after the endpoint's own path: a redirect to another
+# of these is the Hub's way of saying that a renamed repository lives elsewhere now.
+_REPO_PATH = re.compile(r"/(?:api/)?(?:(datasets|models)/)?([^/]+/[^/]+)/(?:revision|tree|resolve|paths-info)/")
 _LINK = re.compile(r'<([^>]*)>\s*;\s*rel="?([^";]*)"?.*')
 
 
@@ -191,11 +224,41 @@ def hub_endpoint(options: HFOptions) -> str:
         given, origin = os.environ.get("HF_ENDPOINT"), "the environment variable HF_ENDPOINT"
     if not given:
         return DEFAULT_ENDPOINT
-    parts = urllib.parse.urlsplit(given.strip())
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or any(c.isspace() for c in given.strip()):
-        raise StoreConfigError(f"the Hub endpoint {given!r}, set by {origin}, is not usable: it must be a URL like "
-                               f"{DEFAULT_ENDPOINT} or http://127.0.0.1:8080", url=given, subject="")
+    problem = _endpoint_problem(given)
+    if problem:
+        raise StoreConfigError(f"the Hub endpoint URL {given!r}, set by {origin}, is not usable: {problem}; set it to the "
+                               f"Hub's URL, like {DEFAULT_ENDPOINT} or http://127.0.0.1:8080", url=str(given), subject="")
     return given.strip().rstrip("/")
+
+
+def _endpoint_problem(endpoint) -> str | None:
+    """Why ``endpoint`` is no base URL for the Hub's requests, or None. It is read as urllib3 reads
+    it, since urllib3 is what connects to it (and what decides where the token goes)."""
+    if not isinstance(endpoint, str):
+        return f"it is a {type(endpoint).__name__}, not a string"
+    endpoint = endpoint.strip()
+    if any(c.isspace() for c in endpoint):
+        return "a URL has no spaces"
+    if "\\" in endpoint:
+        return "it holds a backslash, which URL parsers read in different ways"
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return "it must start with http:// or https://"
+    try:
+        parsed = _parse(endpoint)
+    except ValueError:
+        host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+        if host.startswith("[") and "]" not in host:
+            return "its IPv6 address has no closing ']' (the form is http://[::1]:8080)"
+        port = host.rpartition("]")[2].partition(":")[2]
+        if port and not (_COUNT.fullmatch(port) and int(port) <= 65535):
+            return "its port is not a number from 0 to 65535"
+        return "urllib3 cannot read it as a URL (the form is http://host:port)"
+    if not parsed.host:
+        return "it names no host (the form is http://host:port)"
+    if parsed.auth or parsed.query is not None or parsed.fragment is not None:
+        return "it may hold only a scheme, a host, a port and a path (no user name, query or fragment)"
+    return None
 
 
 def settled_options(options: HFOptions) -> HFOptions:
@@ -228,6 +291,7 @@ def hub_token(options: HFOptions) -> tuple[str | None, str]:
 
 
 _stores: dict[tuple, HubStore] = {}
+_moved: set[tuple[str, str, str]] = set()  # (endpoint, kind, repository) already logged as renamed
 
 
 def hub_store(url: str, options: HFOptions | None = None) -> HubStore:
@@ -267,10 +331,54 @@ def _normal_etag(value: str | None) -> str | None:
     return value.strip('"') or None
 
 
+def _urllib3():
+    try:
+        import urllib3
+    except ImportError as exc:
+        raise ImportError("hf:// shards need urllib3: pip install 'hydrax[hf]'") from exc
+    return urllib3
+
+
+def _parse(url: str):
+    """``url`` as urllib3 reads it (a ``urllib3.util.Url``; a ValueError when it cannot). urllib3
+    picks the host to connect to with this parser; urllib.parse reads some URLs as another host
+    (``http://a:1\\@b:2/`` is ``a`` port 1 to urllib3, ``b`` port 2 to urllib.parse), so every
+    decision about where a request goes is made on this reading."""
+    return _urllib3().util.parse_url(url)
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urllib.parse.urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+    """(scheme, host, port) that a request to ``url`` connects to, default ports written in."""
+    parsed = _parse(url)
+    scheme = (parsed.scheme or "").lower()
+    port = parsed.port if parsed.port is not None else _DEFAULT_PORTS.get(scheme)
+    return scheme, (parsed.host or "").lower(), port
+
+
+def _where(url: str) -> str:
+    """``host:port`` of ``url`` as a request to it connects, for messages."""
+    try:
+        scheme, host, port = _origin(url)
+    except ValueError:
+        return url[:200]
+    return host if port == _DEFAULT_PORTS.get(scheme) else f"{host}:{port}"
+
+
+def _next_url(base: str, location: str) -> str:
+    """The URL a redirect's ``Location`` (or a ``Link``) on the answer from ``base`` leads to,
+    written as urllib3 reads it: the request is sent to exactly the URL whose origin was judged.
+    A ValueError when it is no http(s) URL with a host."""
+    parsed = _parse(urllib.parse.urljoin(base, location))
+    if (parsed.scheme or "").lower() not in _DEFAULT_PORTS or not parsed.host:
+        raise ValueError("it is no http:// or https:// URL with a host")
+    # No user name goes on (none is sent anyway); a fragment is no part of a request.
+    return parsed._replace(auth=None, fragment=None).url
+
+
+def _count(value: str | None) -> int | None:
+    """A header's whole number (Content-Length, X-Linked-Size), or None when it holds none."""
+    value = (value or "").strip()
+    return int(value) if _COUNT.fullmatch(value) else None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -294,10 +402,7 @@ class _Process:
     for asynchronous reads."""
 
     def __init__(self, options: HFOptions) -> None:
-        try:
-            import urllib3
-        except ImportError as exc:
-            raise ImportError("hf:// shards need urllib3: pip install 'hydrax[hf]'") from exc
+        urllib3 = _urllib3()
         self.pid = os.getpid()
         self.options = options
         self.settings = {"num_pools": 16, "maxsize": max(1, options.connections), "retries": False,
@@ -307,7 +412,7 @@ class _Process:
             self.settings["ca_certs"] = bundle
         self.direct = urllib3.PoolManager(**self.settings)
         self.routes: dict[tuple, Any] = {}  # (scheme, host, port) -> the pool manager that reaches it
-        self.locations: dict[str, tuple[str, float]] = {}
+        self.locations: dict[str, tuple[str, float, int | None]] = {}  # url -> (signed URL, until, X-Linked-Size)
         self.warned: set[str] = set()
         self.token: tuple[str | None, str] | None = None
 
@@ -365,9 +470,22 @@ def _ca_bundle() -> str | None:
 
 
 def _release(response) -> None:
-    """Done with a small body (a redirect, an error, JSON): the rest is read so that the
-    connection goes back to the pool."""
-    response.drain_conn()
+    """Done with a body that is not wanted (a redirect's, what is left of an error's or of JSON):
+    a short rest is read so that the connection goes back to the pool; a longer one, which could
+    be gigabytes or never end, closes the connection instead of being read."""
+    ended = False
+    try:
+        left = _DISCARD_BYTES
+        while left > 0:
+            piece = response.read(min(left, 16 << 10), decode_content=False)
+            if not piece:
+                ended = True
+                break
+            left -= len(piece)
+    except Exception:  # a body that fails as it is thrown away only costs its connection
+        ended = False
+    if not ended:
+        response.close()
     response.release_conn()
 
 
@@ -418,7 +536,7 @@ class HubStore(Store):
 
     def _follow(self, hub: HubURL, method: str, headers: dict, url: str, offset: int | None, *, head: bool = False):
         """(the final response, the Hub's own last response's headers, the other host's URL it
-        came from or None): the redirects followed here, the token sent to the Hub only."""
+        came from or None): the redirects followed here, the token sent to the Hub's origin only."""
         target = hub.resolve(self.endpoint)
         hub_headers: Any = {}
         for _ in range(_MAX_HOPS + 1):
@@ -437,13 +555,44 @@ class HubStore(Store):
                     raise
                 return response, hub_headers, None if at_hub else target
             _release(response)
-            target = urllib.parse.urljoin(target, location)
+            target = self._redirect(target, location, hub, url, offset, f"shard {url!r}: ")
         raise StoreError(f"{_at(offset)}more than {_MAX_HOPS} redirects from {self.endpoint}", url=url, offset=offset,
                          subject=f"shard {url!r}: ")
 
+    def _redirect(self, target: str, location: str, hub: HubURL, url: str, offset: int | None, subject: str) -> str:
+        """The URL the redirect from ``target`` to ``location`` leads to (see :func:`_next_url`);
+        a :class:`StoreError` when it is none. A renamed repository is noted (:meth:`_note_moved`)."""
+        try:
+            following = _next_url(target, location)
+        except ValueError as exc:
+            raise StoreError(f"{_at(offset)}{_where(target)} redirected to {location[:300]!r}, which hydrax cannot follow: {exc}",
+                             url=url, offset=offset, subject=subject) from None
+        if self._at_hub(following):
+            self._note_moved(hub, following)
+        return following
+
+    def _note_moved(self, hub: HubURL, target: str) -> None:
+        """Log, once per repository in a process, that the Hub sends the requests for ``hub``'s
+        repository to another one (the Hub's answer for a renamed repository): its URLs still work,
+        through one more request each, until the old name is taken by a new repository."""
+        base = _parse(self.endpoint).path or ""
+        path = _parse(target).path or ""
+        match = _REPO_PATH.match(path[len(base.rstrip("/")):]) if path.startswith(base.rstrip("/")) else None
+        if match is None:
+            return
+        moved_to = urllib.parse.unquote(match.group(2))
+        key = (self.endpoint, hub.kind, hub.repo_id)
+        if moved_to == hub.repo_id or key in _moved:
+            return
+        _moved.add(key)
+        new_url = dataclasses.replace(hub, repo_id=moved_to).url
+        log.warning("%s at %s has moved to %s: the Hub redirects each of its requests there until another repository takes "
+                    "the old name; write %s instead of %s", hub.words, self.endpoint, moved_to, new_url, hub.url)
+
     def _open(self, hub: HubURL, url: str, headers: dict, offset: int | None, version: str | None):
-        """(the response to ``GET`` of ``url`` with ``headers``, the URL that answered): from the
-        file store the Hub sent this process to before, while it still serves it, else through the Hub."""
+        """(the response to ``GET`` of ``url`` with ``headers``, the URL that answered, the file's
+        size as the Hub said it on its redirect or None): from the file store the Hub sent this
+        process to before, while it still serves it, else through the Hub."""
         state = self._state()
         known = state.locations.get(url)
         if known is not None and known[1] > time.monotonic():
@@ -455,18 +604,19 @@ class HubStore(Store):
                 except BaseException:
                     response.close()
                     raise
-                return response, known[0]
+                return response, known[0], known[2]
             _release(response)  # a signed URL that expired, or was withdrawn: ask the Hub again
             state.locations.pop(url, None)
         response, hub_headers, elsewhere = self._follow(hub, "GET", headers, url, offset)
+        linked = _count(hub_headers.get("X-Linked-Size")) if elsewhere is not None else None
         try:
             self._check_version(hub, hub_headers, url, offset, version)
         except BaseException:
             response.close()
             raise
         if elsewhere is not None:
-            state.locations[url] = (elsewhere, time.monotonic() + LOCATION_SECONDS)
-        return response, elsewhere or hub.resolve(self.endpoint)
+            state.locations[url] = (elsewhere, time.monotonic() + LOCATION_SECONDS, linked)
+        return response, elsewhere or hub.resolve(self.endpoint), linked
 
     def _check_version(self, hub: HubURL, headers, url: str, offset: int | None, version: str | None) -> None:
         """An answer from another commit, or with other content than was indexed, is an
@@ -488,12 +638,12 @@ class HubStore(Store):
         status = response.status
         if status < 300:
             return
-        host = urllib.parse.urlsplit(target).netloc
+        host = _where(target)
         said = _server_words(response)
         if status == 429 or status >= 500:
             raise _Transient(f"{status} {response.reason} from {host}{said}", _retry_after(response.headers.get("Retry-After")))
         at = "" if action != "read" else _at(offset)
-        subject = {"list": f"listing {url!r}: ", "revision": f"hf:// URL {url!r}: "}.get(action, f"shard {url!r}: ")
+        subject = _subject(action, url)
         code = response.headers.get("X-Error-Code", "")
         if at_hub and status in (401, 403):
             raise AccessDeniedError(f"{at}{self._refusal(hub, status, said)}", url=url, offset=offset, subject=subject)
@@ -548,12 +698,12 @@ class HubStore(Store):
         response, hub_headers, _ = self._follow(hub, "HEAD", {"Accept-Encoding": "identity"}, url, None, head=True)
         _release(response)
         self._check_version(hub, hub_headers, url, None, None)
-        size = hub_headers.get("X-Linked-Size") or response.headers.get("Content-Length")
-        if size is None or not size.isdigit():
+        size = _count(hub_headers.get("X-Linked-Size") or response.headers.get("Content-Length"))
+        if size is None:
             raise StoreError(f"the Hub gave no size for it (X-Linked-Size or Content-Length) in its answer to HEAD {hub.resolve(self.endpoint)}",
                              url=url, subject=f"shard {url!r}: ")
         etag = _normal_etag(hub_headers.get("X-Linked-Etag") or hub_headers.get("ETag") or response.headers.get("ETag"))
-        return ObjectInfo(hub.url, int(size), etag, 0)
+        return ObjectInfo(hub.url, size, etag, 0)
 
     async def stat_async(self, url: str) -> ObjectInfo:
         return await asyncio.get_running_loop().run_in_executor(self._state().pool(), self.stat, url)
@@ -566,26 +716,49 @@ class HubStore(Store):
         data, _ = self._retry(url, None, lambda: self._json(target, hub, url, "revision"))
         sha = data.get("sha") if isinstance(data, dict) else None
         if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
-            raise StoreError(f"the Hub's answer about revision {revision!r} of {hub.words} names no commit: {str(data)[:200]}",
+            raise StoreError(f"the Hub's answer about revision {revision!r} of {hub.words} names no commit: {_shape(data)}",
                              url=url, subject=f"hf:// URL {url!r}: ")
         return sha
 
     def _json(self, target: str, hub: HubURL, url: str, action: str = "read", missing_ok: bool = False):
         """(parsed JSON, the next page's URL or None) of an API request; (None, None) for a
-        missing folder when ``missing_ok``."""
-        response = self._send("GET", target, {"Accept": "application/json"}, auth=self._at_hub(target))
-        try:
-            if missing_ok and response.status == 404 and response.headers.get("X-Error-Code") == "EntryNotFound":
-                return None, None
-            self._raise_for(response, target, hub, url, None, self._at_hub(target), action)
+        missing folder when ``missing_ok``. Redirects within the Hub's host are followed (the
+        Hub's answer for a renamed repository), the token sent on to the Hub's origin only."""
+        subject = _subject(action, url)
+        for _ in range(_MAX_HOPS + 1):
+            at_hub = self._at_hub(target)
+            response = self._send("GET", target, {"Accept": "application/json"}, auth=at_hub)
             try:
-                data = json.loads(response.read())
-            except ValueError as exc:
-                raise _Transient(f"the Hub's answer to {target} is not JSON ({exc})") from None
-            following = _next_page(response.headers.get("Link", ""))
-            return data, None if following is None else urllib.parse.urljoin(target, following)
-        finally:
-            _release(response)
+                location = response.headers.get("Location")
+                if response.status in _REDIRECTS and location:
+                    target = self._within_hub(target, self._redirect(target, location, hub, url, None, subject), url, subject)
+                    continue
+                if missing_ok and response.status == 404 and response.headers.get("X-Error-Code") == "EntryNotFound":
+                    return None, None
+                self._raise_for(response, target, hub, url, None, at_hub, action)
+                data = _api_json(response, target, url, subject)
+                following = _next_page(response.headers.get("Link", ""))
+                if following is not None:
+                    try:
+                        following = _next_url(target, following)
+                    except ValueError as exc:
+                        raise StoreError(f"the Hub's answer to {target} names a next page {following[:300]!r} that hydrax "
+                                         f"cannot follow: {exc}", url=url, subject=subject) from None
+                    following = self._within_hub(target, following, url, subject)
+                return data, following
+            finally:
+                _release(response)
+        raise StoreError(f"more than {_MAX_HOPS} redirects from {self.endpoint} for one request of its API (the last to "
+                         f"{target})", url=url, subject=subject)
+
+    def _within_hub(self, target: str, following: str, url: str, subject: str) -> str:
+        """``following`` (a redirect or next page of an API answer from ``target``) when it is on
+        the Hub's host; a :class:`StoreError` otherwise: the Hub's API answers on its own host."""
+        if _origin(following)[1] != _origin(self.endpoint)[1]:
+            raise StoreError(f"the Hub's answer to {target} sends this API request on to another host ({_where(following)}); "
+                             f"hydrax follows the API's redirects and pages within {_where(self.endpoint)} only. Check "
+                             "HF_ENDPOINT (or HFOptions(endpoint=...)), and any proxy between", url=url, subject=subject)
+        return following
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every file of the repository whose URL starts with ``prefix``: one recursive listing
@@ -596,12 +769,20 @@ class HubStore(Store):
         target: str | None = f"{hub.api(self.endpoint)}/tree/{revision}" + (f"/{urllib.parse.quote(folder)}" if folder else "")
         target += "?recursive=true"
         found = []
+        seen: set[str] = set()  # the pages asked for: a page named again would start a cycle
         while target is not None:
+            if target in seen or len(seen) >= MAX_PAGES:
+                again = target in seen
+                raise StoreError(f"the Hub's tree listing {'names the page ' + target + ' again' if again else f'runs past {MAX_PAGES} pages'}"
+                                 f" (after {len(seen)} pages, {len(found)} files): its pages would never end. The Hub's own "
+                                 "listings end; check HF_ENDPOINT (or HFOptions(endpoint=...)) and any proxy between", url=prefix,
+                                 subject=f"listing {prefix!r}: ")
+            seen.add(target)
             page, target = self._retry(prefix, None, functools.partial(self._json, target, hub, prefix, "list", True))
             if page is None:
                 return []
             if not isinstance(page, list):
-                raise StoreError(f"the Hub's tree listing is not a list: {str(page)[:200]}", url=prefix, subject=f"listing {prefix!r}: ")
+                raise StoreError(f"the Hub's tree listing is not a list: {_shape(page)}", url=prefix, subject=f"listing {prefix!r}: ")
             for entry in page:
                 info = _listed(hub, entry)
                 if info is not None and info.url.startswith(prefix):
@@ -620,26 +801,43 @@ class HubStore(Store):
         headers = {"Accept-Encoding": "identity"}
         if ranged:
             headers["Range"] = f"bytes={offset}-{'' if size is None else offset + size - 1}"
-        response, target = self._open(hub, url, headers, offset if ranged else None, version)
+        response, target, linked = self._open(hub, url, headers, offset if ranged else None, version)
         try:
             if ranged and response.status == 200:
                 whole = self._unranged(response, target, url, offset, size)
-                return whole if whole is not None else _body(response, url, offset)
+                # None: the whole file was asked for, and _unranged saw that its length is size
+                return whole if whole is not None else _body(response, url, offset, size, f"bytes {offset}-{offset + size - 1}")
             if ranged:
-                _check_range(response, url, offset, size)
-            return _body(response, url, offset if ranged else None)
+                expected = _check_range(response, url, offset, size)
+                return _body(response, url, offset, expected, f"bytes {offset}-{offset + expected - 1}")
+            return self._whole(response, target, url, linked)
         except BaseException:
             response.close()  # what is left of the body is not read: the connection is not reused
             raise
 
+    def _whole(self, response, target: str, url: str, linked: int | None):
+        """The body of the answer to a read of a whole file: as long as the Hub said the file is
+        (``X-Linked-Size`` on its redirect, else the answer's ``Content-Length``), and not a byte
+        more is read; an answer of no stated size is refused rather than read without end."""
+        if response.status != 200:
+            raise StoreError(f"a read of the whole file was answered with {response.status} {response.reason} from "
+                             f"{_where(target)}", url=url, subject=f"shard {url!r}: ")
+        declared = _count(response.headers.get("Content-Length"))
+        expected = linked if linked is not None else declared
+        if expected is None:
+            raise StoreError(f"{_where(target)} sent the whole file without saying its size (no X-Linked-Size from the Hub, no "
+                             "Content-Length): hydrax reads no body of unknown length. A proxy between may have dropped the "
+                             "header", url=url, subject=f"shard {url!r}: ")
+        said = "the Hub said" if linked is not None else "its Content-Length said"
+        return _body(response, url, None, expected, f"the whole file ({expected} bytes, as {said})")
+
     def _unranged(self, response, target: str, url: str, offset: int, size: int | None):
         """The part asked for of a whole object sent in answer to a ranged request (see the
         module docstring), or None when the whole object is what was asked for."""
-        length = response.headers.get("Content-Length")
-        total = int(length) if length and length.isdigit() else None
-        if offset == 0 and (size is None or size == total):
+        total = _count(response.headers.get("Content-Length"))
+        if offset == 0 and total is not None and (size is None or size == total):
             return None
-        host = urllib.parse.urlsplit(target).netloc
+        host = _where(target)
         limit = self.options.max_unranged_bytes
         if total is None or total > limit:
             raise StoreError(f"at byte offset {offset}: {host} ignored the Range header and began sending the whole file "
@@ -650,7 +848,7 @@ class HubStore(Store):
             self._state().warned.add(host)
             log.warning("%s ignores Range headers: files of up to %d bytes are downloaded whole and cut (first seen for %s)",
                         host, limit, url)
-        data = _body(response, url, offset)
+        data = _body(response, url, offset, total, f"the whole file ({total} bytes, as its Content-Length said)")
         end = len(data) if size is None else offset + size
         if end > len(data):
             raise ObjectChangedError(f"at byte offset {offset}: the file has {len(data)} bytes, fewer than the {end} its index "
@@ -677,7 +875,11 @@ class HubStore(Store):
                     yield response
                     return
                 while position < end:
-                    piece = await loop.run_in_executor(pool, _read_piece, response, min(STREAM_CHUNK, end - position))
+                    left = end - position
+                    # The last piece asks for a byte more: a body that goes on past the range is caught.
+                    piece = await loop.run_in_executor(pool, _read_piece, response, STREAM_CHUNK if left > STREAM_CHUNK else left + 1)
+                    if len(piece) > left:
+                        raise _excess(url, offset, f"bytes {offset}-{end - 1}", end - offset, f"went on sending past byte {end - 1}")
                     position += len(piece)
                     yield piece
             except StoreError:
@@ -699,7 +901,7 @@ class HubStore(Store):
         """A response positioned at ``start`` whose body runs to ``end``, or the bytes of a small
         file that came whole."""
         headers = {"Accept-Encoding": "identity", "Range": f"bytes={start}-{end - 1}"}
-        response, target = self._open(hub, url, headers, start, version)
+        response, target, _ = self._open(hub, url, headers, start, version)
         try:
             if response.status == 200:
                 whole = self._unranged(response, target, url, start, end - start)
@@ -707,6 +909,10 @@ class HubStore(Store):
                     return whole
             else:
                 _check_range(response, url, start, end - start)
+            _check_encoding(response, url, start)
+            declared = _count(response.headers.get("Content-Length"))
+            if declared is not None and declared > end - start:
+                raise _excess(url, start, f"bytes {start}-{end - 1}", end - start, f"announces {declared} bytes")
         except BaseException:
             response.close()
             raise
@@ -727,6 +933,45 @@ def _at(offset: int | None) -> str:
     return "" if offset is None else f"at byte offset {offset}: "
 
 
+def _subject(action: str, url: str) -> str:
+    """How an error's message names what was asked for: a listing, a revision, or a shard."""
+    return {"list": f"listing {url!r}: ", "revision": f"hf:// URL {url!r}: "}.get(action, f"shard {url!r}: ")
+
+
+def _shape(value) -> str:
+    """Parsed JSON ``value`` described in a few words for a message. Never its repr: a hostile
+    answer may nest deeper than repr can go, or be megabytes long."""
+    if isinstance(value, dict):
+        keys = [k[:40] for k in itertools.islice(value, 8)]
+        return f"an object with the keys {keys}" + (" and more" if len(value) > 8 else "")
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    if isinstance(value, str):
+        return f"the string {value[:100]!r}" + ("..." if len(value) > 100 else "")
+    return repr(value)[:100]  # a number, true, false or null
+
+
+def _api_json(response, target: str, url: str, subject: str):
+    """The JSON of an answer of the Hub's API: at most :data:`MAX_API_BYTES` of it read, and
+    nesting too deep for Python's parser a :class:`StoreError` (both are answers no retry mends);
+    bytes that are not JSON at all may be a body cut short, so they are worth another attempt."""
+    declared = _count(response.headers.get("Content-Length"))
+    if declared is not None and declared > MAX_API_BYTES:
+        raise StoreError(f"the Hub's answer to {target} announces {declared} bytes, more than the {MAX_API_BYTES} hydrax reads of "
+                         "an answer of its API", url=url, subject=subject)
+    text = _read_upto(response, MAX_API_BYTES + 1)
+    if len(text) > MAX_API_BYTES:
+        raise StoreError(f"the Hub's answer to {target} is longer than the {MAX_API_BYTES} bytes hydrax reads of an answer of its "
+                         "API", url=url, subject=subject)
+    try:
+        return json.loads(text)
+    except RecursionError:  # a few kilobytes of brackets reach Python's recursion limit
+        raise StoreError(f"the Hub's answer to {target} nests JSON deeper than Python can parse: it is no answer of the Hub's API",
+                         url=url, subject=subject) from None
+    except ValueError as exc:
+        raise _Transient(f"the Hub's answer to {target} is not JSON ({exc})") from None
+
+
 def _server_words(response) -> str:
     """What the server said about a failure, briefly: ``": <message>"``, or ``""``."""
     said = response.headers.get("X-Error-Message")
@@ -737,9 +982,10 @@ def _server_words(response) -> str:
         except Exception:  # the body of a failure is only words for the message
             said = ""
         try:
-            said = json.loads(said).get("error", said)
-        except (ValueError, AttributeError):
-            pass
+            error = json.loads(said).get("error")
+        except (ValueError, AttributeError, RecursionError):  # not the Hub's {"error": ...}: the text itself
+            error = None
+        said = error if isinstance(error, str) else said
     said = " ".join(str(said).split())[:300]
     return f": {said}" if said else ""
 
@@ -776,30 +1022,72 @@ def _next_page(link: str) -> str | None:
     return None
 
 
-def _check_range(response, url: str, offset: int, size: int | None) -> None:
-    """A 206 answer must carry the bytes asked for."""
+def _check_range(response, url: str, offset: int, size: int | None) -> int:
+    """A 206 answer must carry the bytes asked for; returns how many its ``Content-Range`` says."""
     if response.status != 206:
         raise StoreError(f"at byte offset {offset}: a ranged request was answered with {response.status} "
                          f"{response.reason}", url=url, offset=offset, subject=f"shard {url!r}: ")
     given = response.headers.get("Content-Range", "")
     match = _CONTENT_RANGE.fullmatch(given.strip())
     first, last = (int(match.group(1)), int(match.group(2))) if match else (None, None)
-    if first != offset or (size is not None and last != offset + size - 1):
+    total = int(match.group(3)) if match and match.group(3) != "*" else None
+    if (first != offset or last is None or last < offset or (size is not None and last != offset + size - 1)
+            or (total is not None and last >= total)):
         asked = f"bytes {offset}-{'' if size is None else offset + size - 1}"
-        raise StoreError(f"at byte offset {offset}: asked for {asked}, the server sent Content-Range {given!r}", url=url,
+        raise StoreError(f"at byte offset {offset}: asked for {asked}, the server sent Content-Range {given[:200]!r}", url=url,
+                         offset=offset, subject=f"shard {url!r}: ")
+    return last - offset + 1
+
+
+def _check_encoding(response, url: str, offset: int | None) -> None:
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):
+        raise StoreError(f"{_at(offset)}the server sent the bytes {encoding[:50]}-encoded, though asked not to", url=url,
                          offset=offset, subject=f"shard {url!r}: ")
 
 
-def _body(response, url: str, offset: int | None):
-    """The whole body of ``response``; one shorter than its ``Content-Length`` may pass."""
-    encoding = response.headers.get("Content-Encoding", "identity").lower()
-    if encoding not in ("identity", ""):
-        raise StoreError(f"{_at(offset)}the server sent the bytes {encoding}-encoded, though asked not to", url=url, offset=offset,
-                         subject=f"shard {url!r}: ")
-    data = response.read(decode_content=False)
-    length = response.headers.get("Content-Length")
-    if length is not None and length.isdigit() and len(data) != int(length):
-        raise _Transient(f"the body ended after {len(data)} of {length} bytes")
+def _excess(url: str, offset: int | None, asked: str, expected: int, how: str) -> StoreError:
+    return StoreError(f"{_at(offset)}asked for {asked} ({expected} bytes), the server {how}: hydrax reads no more than it asked "
+                      "for. The server, or a proxy between, does not keep to the range or size of the file", url=url,
+                      offset=offset, subject=f"shard {url!r}: ")
+
+
+def _body(response, url: str, offset: int | None, expected: int, asked: str):
+    """The body of ``response``, which must be ``expected`` bytes (``asked``, in words): at most
+    one byte more is read, to see that there is more, so a body that goes on (for gigabytes, or
+    without end) costs no more memory than the one asked for. A shorter body may pass: it is
+    worth another attempt."""
+    _check_encoding(response, url, offset)
+    declared = _count(response.headers.get("Content-Length"))
+    if declared is not None and declared > expected:
+        raise _excess(url, offset, asked, expected, f"announces {declared} bytes")
+    data = _read_upto(response, expected + 1)
+    if len(data) > expected:
+        raise _excess(url, offset, asked, expected, "sent more")
+    if len(data) < expected:
+        raise _Transient(f"the body ended after {len(data)} of {expected} bytes")
+    return data
+
+
+def _read_upto(response, limit: int):
+    """The body of ``response`` up to ``limit`` bytes (all of it when shorter), read in pieces of
+    at most :data:`_PIECE` bytes: a size a server states (a lie, maybe, of petabytes) is never
+    allocated before its bytes arrive, and a long body is gathered in one growing buffer."""
+    first = response.read(min(limit, _PIECE), decode_content=False)
+    if not first or len(first) >= limit:
+        return first
+    more = response.read(min(limit - len(first), _PIECE), decode_content=False)
+    if not more:  # the usual end: the body was what the first read returned, kept as it is
+        return first
+    data = bytearray(first)
+    del first
+    data += more
+    del more
+    while len(data) < limit:
+        piece = response.read(min(limit - len(data), _PIECE), decode_content=False)
+        if not piece:
+            break
+        data += piece
     return data
 
 

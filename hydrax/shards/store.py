@@ -360,7 +360,10 @@ def _endpoint_problem(endpoint: str) -> str | None:
     which otherwise panics on the first request (``InvalidUri``) or refuses it (``builder error``)."""
     if any(c.isspace() for c in endpoint):
         return "a URL has no spaces"
-    parts = urllib.parse.urlsplit(endpoint)
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+    except ValueError:  # urllib's word for an unclosed IPv6 bracket ("http://[::1")
+        return "its host is not a host name or an address (an IPv6 address goes in brackets: http://[::1]:9000)"
     if parts.scheme.lower() not in ("http", "https"):
         return "it must start with http:// or https://"
     try:

@@ -11,7 +11,9 @@ The *Hub* answers what hydrax asks of huggingface.co:
 
 Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) and
 ``X-Error-Message``. A private repository answers 401 without ``Authorization: Bearer <token>``
-or with another token (any request with a wrong token is a 401, as on the Hub).
+or with another token (any request with a wrong token is a 401, as on the Hub). A repository
+renamed with :meth:`HubServer.rename` answers every request under its old name with a ``307`` to
+the same path under the new one, a relative ``Location``, as the Hub does for renamed repositories.
 
 The *file store* (the CDN) serves ``/blobs/<sha256>?sig=...`` with ``Range`` (refusing, with 403,
 URLs signed before :meth:`HubServer.expire_signatures`), unless
@@ -22,6 +24,14 @@ included, so a test can check that the file store never saw the token.
 Commits are kept for ever: :meth:`HubServer.commit` makes a new one (the whole tree) and moves a
 branch to it, so old commits stay readable, as on the Hub. :meth:`HubServer.fail_next` arms
 failures: a status (with ``Retry-After``) or a connection closed without an answer.
+:meth:`HubServer.answer_next` makes either server give hostile answers (an :class:`Answer`:
+any status and headers, a body longer or shorter than its headers say, endless, chunked, cut).
+
+*Other origins*: :attr:`HubServer.other_url` (127.0.0.1, another port) and
+:attr:`HubServer.other6_url` (``[::1]``, when this machine has IPv6) are servers a hostile
+redirect may lead to, started on first use. They serve the file store's blobs (without asking for a
+signature) and log every request like the others, so that a test can see which origins were sent
+the token (:meth:`HubServer.token_origins`).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import itertools
 import json
 import re
 import socket
+import socketserver
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -54,22 +65,55 @@ class Repo:
 
 @dataclass
 class Logged:
-    server: str  # "hub" or "cdn"
+    server: str  # "hub", "cdn", "other" or "other6"
     method: str
     path: str
     headers: dict
+    sent: int = 0  # body bytes written to the client (for hostile answers: how much it took before it stopped reading)
+
+
+@dataclass
+class Answer:
+    """A scripted answer (see :meth:`HubServer.answer_next`).
+
+    ``body`` is sent ``repeat`` times (a large body without holding it; ``repeat=None``: until the
+    client stops reading, or :data:`ENDLESS` bytes); ``length``: the Content-Length sent (``"auto"``:
+    the body's true length; None: no Content-Length, the body ends when the connection closes; any
+    other value, a lie, as given); ``chunked``: sent with ``Transfer-Encoding: chunked``; ``cut``:
+    the connection is closed after this many body bytes.
+    """
+
+    status: int
+    headers: dict | list = field(default_factory=dict)
+    body: bytes = b""
+    repeat: int | None = 1
+    length: object = "auto"
+    chunked: bool = False
+    cut: int | None = None
+
+
+#: The most a body of ``Answer(repeat=None)`` sends: no test waits on a client that reads without end.
+ENDLESS = 1 << 30
 
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, hub: HubServer, role: str) -> None:
+    def __init__(self, hub: HubServer, role: str, host: str = "127.0.0.1") -> None:
         self.hub = hub
         self.role = role
         self.connections: set[socket.socket] = set()
         self.guard = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, 0), _Handler)
+
+    def server_bind(self):
+        # http.server looks up the machine's name here (socket.getfqdn), which a test never needs
+        # and which can take seconds where DNS is slow.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "localhost", self.server_address[1]
 
     def handle_error(self, request, client_address):
         import sys
@@ -111,6 +155,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
+    def scripted(self, answer: Answer, head: bool, logged: Logged) -> None:
+        """Send ``answer`` (see :class:`Answer`); the connection is closed afterwards: what a
+        hostile answer leaves on it must not be read as the next answer."""
+        self.close_connection = True
+        self.send_response(answer.status)
+        pairs = answer.headers.items() if isinstance(answer.headers, dict) else answer.headers
+        for name, value in pairs:
+            self.send_header(name, str(value))
+        repeat = answer.repeat
+        if answer.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        if answer.length == "auto" and not answer.chunked and repeat is not None:
+            self.send_header("Content-Length", str(len(answer.body) * repeat))
+        elif answer.length not in ("auto", None):
+            self.send_header("Content-Length", str(answer.length))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if head:
+            return
+        limit = ENDLESS if answer.cut is None else answer.cut
+        times = itertools.count() if repeat is None else range(repeat)
+        try:
+            for _ in times:
+                piece = answer.body[: max(0, limit - logged.sent)]
+                if not piece:
+                    break
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if answer.chunked else piece)
+                logged.sent += len(piece)
+            if answer.chunked and answer.cut is None:
+                self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            if answer.cut is not None:
+                self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the client stopped reading and closed the connection: what a bounded reader does
+            pass
+
     def error(self, status: int, code: str, message: str, head: bool = False) -> None:
         body = json.dumps({"error": message}).encode()
         self.answer(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message}, head)
@@ -133,6 +213,9 @@ class HubServer:
         self.log: list[Logged] = []
         self._failures: list[dict] = []
         self._holds: list[dict] = []
+        self._answers: list[dict] = []
+        self.moved: dict[tuple[str, str], str] = {}  # (kind, old name) -> new name
+        self._others: dict[str, tuple[_Server, threading.Thread]] = {}
         self._lock = threading.Lock()
         self._counter = itertools.count()
         self._hub = _Server(self, "hub")
@@ -151,8 +234,33 @@ class HubServer:
     def cdn_url(self) -> str:
         return f"http://127.0.0.1:{self._cdn.server_port}"
 
+    @property
+    def other_url(self) -> str:
+        """A server on another origin (127.0.0.1, another port); see the module docstring."""
+        return f"http://127.0.0.1:{self._other('other', '127.0.0.1').server_port}"
+
+    @property
+    def other6_url(self) -> str | None:
+        """A server on ``[::1]`` (another host than 127.0.0.1), or None without IPv6 here."""
+        try:
+            return f"http://[::1]:{self._other('other6', '::1').server_port}"
+        except OSError:
+            return None
+
+    def _other(self, role: str, host: str) -> _Server:
+        with self._lock:
+            found = self._others.get(role)
+            if found is None:
+                server = _Server(self, role, host)
+                thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True, name=f"hubserver-{role}")
+                thread.start()
+                found = self._others[role] = (server, thread)
+            return found[0]
+
     def close(self) -> None:
-        for server in (self._hub, self._cdn):
+        with self._lock:
+            others = list(self._others.values())
+        for server in (self._hub, self._cdn, *(s for s, _ in others)):
             server.shutdown()
             with server.guard:
                 for connection in list(server.connections):  # wake the threads waiting on kept-alive connections
@@ -161,7 +269,7 @@ class HubServer:
                     except OSError:
                         pass
             server.server_close()
-        for thread in self._threads:
+        for thread in (*self._threads, *(t for _, t in others)):
             thread.join(10)
 
     def __enter__(self) -> HubServer:
@@ -193,6 +301,14 @@ class HubServer:
             repo.branches[branch] = sha
         return sha
 
+    def rename(self, old: str, new: str, *, kind: str = "datasets") -> None:
+        """Rename the repository ``old`` to ``new``: requests under the old name are redirected."""
+        with self._lock:
+            repo = self.repos.pop((kind, old))
+            repo.repo_id = new
+            self.repos[(kind, new)] = repo
+            self.moved[(kind, old)] = new
+
     def tag(self, repo_id: str, name: str, sha: str, *, kind: str = "datasets") -> None:
         with self._lock:
             self.repos[(kind, repo_id)].tags[name] = sha
@@ -217,6 +333,24 @@ class HubServer:
             self._holds.append({"count": count, "server": server, "match": match,
                                 "barrier": threading.Barrier(count, timeout=timeout)})
 
+    def answer_next(self, count: int | None, answer, *, server: str = "hub", match: str = "") -> None:
+        """The next ``count`` requests (all, for None) to ``server`` whose path matches ``match``
+        get ``answer``: an :class:`Answer`, or a function of the :class:`Logged` request that
+        returns one (or None: that request is served as usual, and not counted). The answer armed
+        last is given first."""
+        with self._lock:
+            self._answers.append({"count": count, "answer": answer, "server": server, "match": match})
+
+    def clear_answers(self) -> None:
+        """Disarm every :meth:`answer_next`."""
+        with self._lock:
+            self._answers.clear()
+
+    def token_origins(self) -> set[str]:
+        """``"ROLE HOST"`` (the Host header) of every request that carried an ``Authorization`` header."""
+        with self._lock:
+            return {f"{r.server} {r.headers.get('Host')}" for r in self.log if "Authorization" in r.headers}
+
     def requests(self, server: str | None = None, pattern: str = "", method: str | None = None) -> list[Logged]:
         """The logged requests to ``server`` (both when None) whose path matches ``pattern``."""
         with self._lock:
@@ -226,8 +360,19 @@ class HubServer:
     # -- requests --------------------------------------------------------------------------------
     def _handle(self, handler: _Handler, method: str) -> None:
         role = handler.server.role
+        logged = Logged(role, method, handler.path, dict(handler.headers.items()))
         with self._lock:
-            self.log.append(Logged(role, method, handler.path, dict(handler.headers.items())))
+            self.log.append(logged)
+            scripts = [a for a in reversed(self._answers)  # the latest armed first
+                       if a["server"] == role and a["count"] != 0 and re.search(a["match"], handler.path)]
+        for script in scripts:
+            answer = script["answer"](logged) if callable(script["answer"]) else script["answer"]
+            if answer is not None:
+                with self._lock:
+                    if script["count"] is not None:
+                        script["count"] -= 1
+                return handler.scripted(answer, method == "HEAD", logged)
+        with self._lock:
             failure = next((f for f in self._failures if f["server"] == role and f["count"] > 0
                             and re.search(f["match"], handler.path)), None)
             if failure is not None:
@@ -248,7 +393,7 @@ class HubServer:
             headers = {"Retry-After": failure["retry_after"]} if failure["retry_after"] is not None else {}
             handler.answer(failure["status"], b"busy", headers, method == "HEAD")
             return
-        if role == "cdn":
+        if role != "hub":
             self._serve_blob(handler, method)
         else:
             self._serve_hub(handler, method)
@@ -266,6 +411,10 @@ class HubServer:
         if len(parts) < 4:
             return handler.error(404, "NotFound", "no such route", head)
         repo_id, action = "/".join(parts[:2]), parts[2]
+        if (kind, repo_id) in self.moved:  # renamed: the same request under the new name
+            where = ("/api/" + kind if api else "/datasets" if kind == "datasets" else "") + "/" + self.moved[(kind, repo_id)]
+            location = where + "/" + "/".join(parts[2:]) + (f"?{split.query}" if split.query else "")
+            return handler.answer(307, f"Temporary Redirect. Redirecting to {location}".encode(), {"Location": location}, head)
         revision = urllib.parse.unquote(parts[3])
         path = urllib.parse.unquote("/".join(parts[4:]))
         repo = self.repos.get((kind, repo_id))
@@ -339,7 +488,8 @@ class HubServer:
         split = urllib.parse.urlsplit(handler.path)
         digest = split.path.rsplit("/", 1)[-1]
         data = self.blobs.get(digest)
-        if data is None or f"sig=s{self.signature}" != split.query:
+        signed = handler.server.role != "cdn" or f"sig=s{self.signature}" == split.query  # other origins ask for none
+        if data is None or not signed:
             return handler.error(403, "AccessDenied", "Request has expired", method == "HEAD")
         self._ranged(handler, data, {"ETag": f'"cdn-{digest[:16]}"'}, method == "HEAD", honour_range=not self.drop_range)
 
