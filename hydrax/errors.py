@@ -163,6 +163,32 @@ class AccessDeniedError(StoreError, PermissionError):
     """The store refused the credentials, or they lack a permission the message names."""
 
 
+class MissingPermissionError(AccessDeniedError):
+    """The store accepted the credentials but refused the request: they lack the permission
+    ``permission`` names (``"s3:ListBucket"``, ``"s3:GetObject"``, ``"storage.objects.list"``).
+
+    Set-up tells it apart from credentials the store refused outright (an
+    :class:`AccessDeniedError` of its own): a refused listing of shards named explicitly is then
+    made up for with a HEAD per shard, where wrong keys would fail every request alike.
+    """
+
+    def __init__(self, detail: str, *, permission: str | None = None, **place) -> None:
+        self.permission = permission
+        super().__init__(detail, **place)
+
+    def _replace(self, **changes) -> LocatedError:
+        fields = {name: getattr(self, name) for name in ("detail", "url", "offset", "key", "field", "subject", "permission")}
+        fields.update(changes)
+        return type(self)(fields.pop("detail"), **fields)
+
+    def __reduce__(self):
+        return _rebuild_missing, (self.detail, self.url, self.offset, self.key, self.field, self.subject, self.permission)
+
+
+def _rebuild_missing(detail, url, offset, key, field, subject, permission):
+    return MissingPermissionError(detail, url=url, offset=offset, key=key, field=field, subject=subject, permission=permission)
+
+
 class ObjectChangedError(StoreError):
     """The object was replaced after it was indexed (another ETag or modification time).
 

@@ -160,6 +160,48 @@ def test_missing_index_objects_are_built_concurrently_and_cached(proxied, tmp_pa
     assert proxy.requests_matching(r"\.tar$", method="GET") == []
 
 
+def test_a_set_up_that_must_read_much_data_to_index_it_says_so_once(proxied, tmp_path, monkeypatch, caplog):
+    """Shards without index objects are read whole at set-up, by every host without a cached
+    index: past a threshold (here lowered to a shard and a half) set-up says so once, with the
+    command that spares it, and that command works as written."""
+    import logging
+    import re
+    import shlex
+    import subprocess
+
+    from hydrax.shards import catalog
+
+    options, proxy, client = proxied
+    write_shards(tmp_path, client, count=4, indexes=False)
+    sizes = [client.head_object(Bucket="data", Key=f"shards/w-{n:03d}.tar")["ContentLength"] for n in range(4)]
+    monkeypatch.setattr(catalog, "BUILD_WARNING_BYTES", sizes[0] * 3 // 2, raising=False)  # a rename fails below
+    caplog.set_level(logging.WARNING, logger="hydrax.shards")
+    pattern = "s3://data/shards/w-{000..003}.tar"
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "hydrax.shards.catalog" and r.levelno == logging.WARNING]
+
+    ShardSet(pattern, s3=options, cache_dir=str(tmp_path / "c1"))
+    said = warnings()
+    assert len(said) == 1 and said[0].startswith(f"set-up reads 4 shards, {sum(sizes):,} bytes ({sum(sizes) / 2**20:.1f} MiB), in full to index them: "
+                                                 "they have no index objects (<shard>.hidx)")
+    command = f"hydrax shards index '{pattern}' --endpoint-url {options.endpoint_url}"
+    assert said[0].endswith(f"set-ups then read only the indexes: {command}")
+    caplog.clear()
+    ShardSet(pattern, s3=options, cache_dir=str(tmp_path / "c1"))  # cached: nothing to read
+    ShardSet("s3://data/shards/w-000.tar", s3=options, cache_dir=str(tmp_path / "c2"))  # under the threshold
+    assert warnings() == []
+
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    words = shlex.split(re.sub(r"^hydrax ", "", command))
+    done = subprocess.run([sys.executable, "-m", "hydrax", *words, "--quiet"], capture_output=True, text=True, env=env,
+                          timeout=slack(120), check=False)
+    assert done.returncode == 0, done.stderr
+    proxy.clear()
+    ShardSet(pattern, s3=options, cache_dir=str(tmp_path / "c3"))  # another host: the index objects serve
+    assert warnings() == [] and proxy.requests_matching(r"\.tar$", method="GET") == []
+
+
 def test_a_manifest_sets_up_with_one_request(proxied, tmp_path):
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, options=options)

@@ -1,7 +1,9 @@
 """Shards in S3, through a real S3-protocol server (moto's) on 127.0.0.1, started by the tests."""
 
+import contextlib
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -191,6 +193,142 @@ def test_access_denied_names_the_shard_and_the_permission(s3_shards, reader_keys
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.*"))  # nothing half-made in the cache
 
 
+@pytest.fixture
+def iam_keys(server):
+    """A function that makes an IAM user allowed only ``actions`` and gives its S3Options; the
+    server stops checking credentials when the test ends."""
+    import json
+    import uuid
+
+    import boto3
+
+    options, _ = server
+    iam = boto3.client("iam", endpoint_url=options.endpoint_url, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def make(actions: list[str]) -> S3Options:
+        user = f"user-{uuid.uuid4().hex[:8]}"  # the in-process server keeps users from earlier tests
+        iam.create_user(UserName=user)
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}
+        iam.put_user_policy(UserName=user, PolicyName="allowed", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        return S3Options(endpoint_url=options.endpoint_url, region="us-east-1", access_key_id=key["AccessKeyId"],
+                         secret_access_key=key["SecretAccessKey"])
+
+    yield make
+    enforce_auth(options.endpoint_url, "inf")
+
+
+#: A bucket policy that lets everyone read objects but not list them, as shared datasets often
+#: have. AWS checks s3:GetObject for a GET and for a HEAD, and s3:ListBucket for a listing; moto
+#: 5.2.6 names the action after the API operation instead (s3:HeadObject for a HEAD,
+#: s3:ListObjectsV2 for a listing), so for moto "GetObject only" must allow s3:HeadObject too,
+#: and still names no listing.
+GET_ONLY = ["s3:GetObject", "s3:HeadObject"]
+
+
+@contextlib.contextmanager
+def served_requests():
+    """The request lines the server logs meanwhile, one per request it serves
+    (``"GET /data/shards/train-01.tar HTTP/1.1" 206 -``)."""
+    class Requests(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))  # werkzeug colours some
+
+    server_log = logging.getLogger("werkzeug")
+    requests, level = Requests(), server_log.level
+    server_log.addHandler(requests)
+    server_log.setLevel(logging.INFO)
+    try:
+        yield requests.lines
+    finally:
+        server_log.removeHandler(requests)
+        server_log.setLevel(level)
+
+
+def test_credentials_that_may_read_but_not_list_read_named_shards(s3_shards, iam_keys, tmp_path, caplog):
+    """A bucket that grants s3:GetObject but not s3:ListBucket could not be read even with every
+    shard named: set-up listed the folder for the sizes and failed. The refused listing is made up
+    for with a HEAD per shard, said once in the log; a pattern, which only a listing can match,
+    fails naming the permission and what works without it."""
+    import json
+
+    options, client, paths = s3_shards
+    reader = iam_keys(GET_ONLY)
+    urls = [f"s3://data/shards/{os.path.basename(p)}" for p in paths]
+    # a manifest of another writer's, without sizes: set-up finds them to check the counts
+    shardlist = [{"url": url, "nsamples": n} for url, n in zip(urls, (9, 9, 9, 3))]
+    client.put_object(Bucket="data", Key="shards/other.json",
+                      Body=json.dumps({"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shardlist}).encode())
+    enforce_auth(options.endpoint_url, "0")
+    caplog.set_level(logging.INFO, logger="hydrax.shards")
+    named = ShardSet(urls, s3=reader, cache_dir=str(tmp_path / "c1"))
+    local = ShardSet(paths)
+    assert named.shard_sizes() == [9, 9, 9, 3]
+    assert [(s.key, {f: bytes(s[f]) for f in s}) for s in named] == [(s.key, {f: bytes(s[f]) for f in s}) for s in local]
+    said = [r.getMessage() for r in caplog.records if "was refused" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("listing s3://data/shards/ was refused (the credentials lack s3:ListBucket): "
+                                                 "finding the sizes of its 4 shards with a HEAD each")
+
+    caplog.clear()  # a brace list, read through worker processes
+    braced = ShardSet("s3://data/shards/train-{00..03}.tar", s3=reader, cache_dir=str(tmp_path / "c2"))
+    assert len([r for r in caplog.records if "was refused" in r.getMessage()]) == 1
+    group = DataGroup(5, braced, loader_arrays={"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)})
+    seen = []
+    with Dataloader(load_s3_sample, group, loader_count=2, end_at=("epoch", 1)) as loader:
+        for batch in loader:
+            cls = np.asarray(batch.arrays["cls"]).tolist()
+            assert (np.asarray(batch.arrays["bin"]) == np.array(cls)[:, None]).all()
+            seen += cls
+            del batch
+    assert sorted(seen) == list(range(30))
+
+    with pytest.raises(AccessDeniedError, match=r"listing 's3://data/shards/train-\*.tar': access denied \(AccessDenied\); the "
+                       r"credentials need s3:ListBucket on it .*; a pattern is matched by listing its folder, which needs "
+                       r"s3:ListBucket: without it, name the shards, as explicit URLs or a brace list \(train-\{00..31\}.tar\)") as info:
+        ShardSet("s3://data/shards/train-*.tar", s3=reader, cache_dir=str(tmp_path / "c3"))
+    assert info.value.url == "s3://data/shards/train-*.tar" and getattr(info.value, "permission", None) == "s3:ListBucket"
+    with pytest.raises(FileNotFoundError, match="shard 's3://data/shards/train-04.tar' does not exist"):
+        ShardSet("s3://data/shards/train-{00..04}.tar", s3=reader, cache_dir=str(tmp_path / "c3"))
+    caplog.clear()
+    manifested = ShardSet("s3://data/shards/other.json", s3=reader, cache_dir=str(tmp_path / "c4"))
+    assert manifested.shard_sizes() == [9, 9, 9, 3] and int(bytes(manifested[29]["cls"])) == 29
+    assert len([r for r in caplog.records if "was refused" in r.getMessage()]) == 1
+
+
+def test_without_a_listing_index_objects_and_summaries_are_found_by_name(s3_shards, iam_keys, tmp_path):
+    """``hydrax shards index`` of named shards needs s3:PutObject, not s3:ListBucket; and a
+    reader that may not list finds what it wrote by name (the folder summary, else each index
+    object) and sets up without reading a shard."""
+    from hydrax.shards.catalog import publish_indexes
+    from hydrax.shards.store import StoreOptions
+
+    options, client, paths = s3_shards
+    urls = [f"s3://data/shards/{os.path.basename(p)}" for p in paths]
+    writer, reader = iam_keys(GET_ONLY + ["s3:PutObject"]), iam_keys(GET_ONLY)
+    enforce_auth(options.endpoint_url, "0")
+    publish_indexes(urls, StoreOptions(s3=writer))
+    with served_requests() as requests:
+        summarised = ShardSet(urls, s3=reader, cache_dir=str(tmp_path / "c1"))
+    assert summarised.shard_sizes() == [9, 9, 9, 3]
+    gets = [line.split('"')[1] for line in requests if '"GET /data/shards/' in line]  # objects, not the (refused) listing
+    assert gets == ["GET /data/shards/hydrax-index.json HTTP/1.1"]  # the counts; indexes load when first read
+    enforce_auth(options.endpoint_url, "inf")
+    assert sorted(o["Key"] for o in client.list_objects_v2(Bucket="data")["Contents"]) == sorted(
+        [f"shards/{os.path.basename(p)}{suffix}" for p in paths for suffix in ("", ".hidx")] + ["shards/hydrax-index.json"])
+    client.delete_object(Bucket="data", Key="shards/hydrax-index.json")
+    enforce_auth(options.endpoint_url, "0")
+    with served_requests() as requests:
+        indexed = ShardSet(urls, s3=reader, cache_dir=str(tmp_path / "c2"))
+    gets = sorted(line.split('"')[1] for line in requests if '"GET /data/shards/' in line)
+    assert gets == [f"GET /data/shards/{os.path.basename(p)}.hidx HTTP/1.1" for p in paths]  # no shard read
+    assert [int(bytes(s["cls"])) for s in indexed] == list(range(30))
+
+
 def load_noting_errors(log, sample, arrays, seed):
     try:
         load_s3_sample(sample, arrays, seed)
@@ -220,7 +358,9 @@ def test_a_read_denied_in_a_worker_ends_the_run_naming_the_shard_and_offset(s3_s
             list(loader)
     assert info.value.url == "s3://data/shards/train-00.tar" and info.value.offset > 0
     errors = log.read_text().splitlines()
-    assert errors and all(e.startswith("AccessDeniedError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
+    # a MissingPermissionError: an AccessDeniedError that names the permission (info.value.permission)
+    assert info.value.permission == "s3:GetObject"
+    assert errors and all(e.startswith("MissingPermissionError: shard 's3://data/shards/train-00.tar' at byte offset ") for e in errors)
 
 
 def test_one_ranged_get_per_sample_whatever_fields_are_read(s3_shards, tmp_path):

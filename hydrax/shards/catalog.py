@@ -35,13 +35,15 @@ import json
 import logging
 import os
 import operator
+import shlex
 import stat
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import AccessDeniedError, ObjectChangedError, ObjectNotFoundError, ShardFormatError, StoreError
+from ..errors import (AccessDeniedError, MissingPermissionError, ObjectChangedError, ObjectNotFoundError, ShardFormatError,
+                      StoreError)
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
 from .setindex import SetIndex, build_set_index, set_index_path, urls_digest
 from .hub import pin_url, repo_root
@@ -59,6 +61,9 @@ SUMMARY_NAME = "hydrax-index.json"
 SETUP_REQUESTS = 64
 #: Whole shards read at once when indexes must be built from them.
 BUILD_REQUESTS = 8
+#: A set-up that must read more than this many bytes of shards to index them (no index objects,
+#: nothing cached) says so once, with the command that writes the index objects.
+BUILD_WARNING_BYTES = 256 << 20
 
 
 def default_cache_dir() -> str:
@@ -275,7 +280,12 @@ def _expand(urls, options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, Ob
                     found = store_for(url, options).list(folder)
                 except StoreError as exc:  # name the pattern the user gave
                     subject = None if exc.subject is None else exc.subject.replace(repr(folder), repr(url))
-                    raise exc._replace(url=url, subject=subject) from exc
+                    detail = exc.detail
+                    if isinstance(exc, MissingPermissionError):  # explicit URLs need no listing: say so
+                        detail += (f"; a pattern is matched by listing its folder, which needs {exc.permission}: without it, "
+                                   "name the shards, as explicit URLs or a brace list (train-{00..31}.tar), which need "
+                                   "only read access")
+                    raise exc._replace(url=url, subject=subject, detail=detail) from exc
                 listed.update((info.url, info) for info in found)
                 matches = [info for info in found if fnmatch.fnmatchcase(info.url, url) and not info.url.endswith(INDEX_SUFFIX)]
                 if not matches:
@@ -314,11 +324,12 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
     """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
     if is_manifest(urls):
         return read_checked_manifest(os.fspath(urls), options).entries()
-    return _resolve_entries(*_expand(urls, options), options, cache_dir, write_index)
+    return _resolve_entries(*_expand(urls, options), options, cache_dir, write_index, urls)
 
 
 def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
-                     write_index: bool) -> list[ShardEntry]:
+                     write_index: bool, given) -> list[ShardEntry]:
+    """:func:`resolve` once ``urls`` (``given``, named in advice) are expanded into ``shards``."""
     entries = [ShardEntry(info.url) for info in shards]
     for entry in entries:
         if not is_remote(entry.url):
@@ -326,7 +337,7 @@ def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], op
             entry.size, entry.samples = entry.index.shard_size, len(entry.index)
     remote = [e for e in entries if is_remote(e.url)]
     if remote:
-        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index))
+        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index, given))
     return entries
 
 
@@ -339,7 +350,7 @@ def resolve_set(urls, options: StoreOptions, cache_dir: str,
         return read_checked_manifest(os.fspath(urls), options)
     shards, listed = _expand(urls, options)
     if any(is_remote(info.url) for info in shards):
-        return _resolve_entries(shards, listed, options, cache_dir, write_index)
+        return _resolve_entries(shards, listed, options, cache_dir, write_index, urls)
     paths = [info.url for info in shards]
     return UrlList(paths), open_set_index(paths, cache_dir, write_index)
 
@@ -368,7 +379,9 @@ def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -
 
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
-                          cache_dir: str, write_index: bool) -> None:
+                          cache_dir: str, write_index: bool, given=None) -> None:
+    """Give the remote ``entries`` their sizes, versions and indexes (or counts, from a folder
+    summary); ``given``, the URLs as the caller wrote them, goes into advice."""
     await _list_entries(entries, listed, options)
     # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
     # lists in one request; their indexes then load when first read. The rest read index objects.
@@ -383,30 +396,143 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
             entry.samples = known.samples
         else:
             unindexed.append(entry)
-    await gather_limited([lambda e=e: _index_entry(e, listed, options, cache_dir, write_index) for e in unindexed], SETUP_REQUESTS)
+    # The indexes that cost no read of a shard first, so that a set-up about to read many shards
+    # whole can say so before it starts.
+    known = await gather_limited([lambda e=e: _known_index(e, listed, options, cache_dir, write_index) for e in unindexed],
+                                 SETUP_REQUESTS)
+    building = []
+    for entry, index in zip(unindexed, known):
+        if index is None:
+            building.append(entry)
+        else:
+            entry.index, entry.samples = index, len(index)
+    _warn_of_building(building, given, options)
+    await gather_limited([lambda e=e: _index_entry(e, options, cache_dir, write_index) for e in building], SETUP_REQUESTS)
+
+
+def _warn_of_building(building: list[ShardEntry], given, options: StoreOptions) -> None:
+    """Log once, as a warning, that set-up reads the shards ``building`` whole to index them,
+    when they hold more than :data:`BUILD_WARNING_BYTES`: every host that sets up without their
+    indexes cached reads them again, where index objects would spare it."""
+    sizes = {entry.url: entry.size or 0 for entry in building}  # a shard the set names twice counts once
+    total = sum(sizes.values())
+    if total <= BUILD_WARNING_BYTES:
+        return
+    distinct = len(sizes)
+    amount = f"{total / 2**30:.1f} GiB" if total >= 2**30 else f"{total / 2**20:.1f} MiB"
+    log.warning("set-up reads %d shards, %s bytes (%s), in full to index them: they have no index objects (<shard>%s) "
+                "and no index cached in this cache_dir, so every host that sets up reads them again; %s", distinct,
+                f"{total:,}", amount, INDEX_SUFFIX, _indexing_advice(building, given, options))
+
+
+def _indexing_advice(building: list[ShardEntry], given, options: StoreOptions) -> str:
+    """What spares set-ups from reading the shards ``building`` (named as ``given``) to index
+    them: for buckets, the ``hydrax shards index`` command that writes their index objects."""
+    schemes = sorted({scheme_of(entry.url) for entry in building})
+    if not set(schemes) <= {"s3", "gs"}:  # hydrax writes index objects only into buckets
+        return (f"put an index file <shard>{INDEX_SUFFIX} beside each shard where they are served from (hydrax shards index "
+                "writes them beside a local copy), and set-up reads only the indexes")
+    patterns = [given] if isinstance(given, (str, os.PathLike)) else list(given or [])
+    patterns = [os.fspath(p) for p in patterns if is_remote(os.fspath(p))]
+    if not patterns or len(patterns) > 4:  # a long list of URLs: the shards to index, the first of them
+        patterns = list(dict.fromkeys(entry.url for entry in building))
+    words = ["hydrax", "shards", "index", *(shlex.quote(p) for p in patterns[:4])]
+    if len(patterns) > 4:
+        words.append(f"... (all {len(patterns)} of them; a brace list such as train-{{00..31}}.tar names many at once)")
+    endpoint = getattr(options.for_scheme(schemes[0]), "endpoint_url", None)
+    if endpoint:
+        words += ["--endpoint-url", shlex.quote(endpoint)]
+    return (f"write their index objects once (this needs write access to the bucket), and set-ups then read only the "
+            f"indexes: {' '.join(words)}")
 
 
 async def _list_entries(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions) -> None:
     """Give ``entries`` their sizes and versions: one LIST per folder (not a HEAD per shard; the
     listing, added to ``listed``, also shows index objects and summaries), a HEAD each where a
-    store cannot list."""
-    folders = sorted({e.url.rsplit("/", 1)[0] + "/" for e in entries
-                      if e.url not in listed and scheme_of(e.url) in LISTABLE_SCHEMES})
+    store cannot list, or where the credentials may not list it (a bucket that grants
+    s3:GetObject but not s3:ListBucket). In that case the folder summary is looked for by name
+    (a HEAD per folder), and each shard's index object is added to ``listed`` as a guess, to be
+    read if it is there, as for a store that cannot list."""
+    folders = sorted({_folder(e.url) for e in entries if e.url not in listed and scheme_of(e.url) in LISTABLE_SCHEMES})
     try:
-        listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
+        found, refused = await _list_folders(folders, options)
     except StoreError as exc:
         first = next(e.url for e in entries if e.url.startswith(exc.url or ""))
         raise type(exc)(str(exc), url=first, subject=f"shard {first!r}: ") from exc
-    for found in listings:
-        listed.update((info.url, info) for info in found)
-    unlisted = [e for e in entries if e.url not in listed and scheme_of(e.url) not in LISTABLE_SCHEMES]
-    heads = await gather_limited([lambda e=e: store_for(e.url, options).stat_async(e.url) for e in unlisted], SETUP_REQUESTS)
+    listed.update((info.url, info) for info in found)
+    unlisted = list(dict.fromkeys(e.url for e in entries if e.url not in listed
+                                  and (scheme_of(e.url) not in LISTABLE_SCHEMES or _folder(e.url) in refused)))
+    if refused:
+        _note_refused(refused, sum(1 for url in unlisted if _folder(url) in refused))
+        await _find_summaries(list(refused), listed, options)
+        for url in unlisted:
+            if _folder(url) in refused:
+                listed.setdefault(url + INDEX_SUFFIX, ObjectInfo(url + INDEX_SUFFIX, -1, None, 0))
+    heads = await gather_limited([lambda u=u: _head_shard(u, options, _folder(u) in refused) for u in unlisted], SETUP_REQUESTS)
     listed.update((info.url, info) for info in heads)
     for entry in entries:
         info = listed.get(entry.url)
         if info is None:
             raise ObjectNotFoundError("does not exist; check the bucket and key", url=entry.url, subject=f"shard {entry.url!r} ")
         entry.size, entry.version = info.size, info.version
+
+
+def _folder(url: str) -> str:
+    """The folder (ending in ``/``) that holds the object ``url``: what set-up lists."""
+    return url.rsplit("/", 1)[0] + "/"
+
+
+async def _list_folders(folders: Sequence[str], options: StoreOptions) -> tuple[list[ObjectInfo], dict[str, MissingPermissionError]]:
+    """Every object of ``folders`` (a LIST each, concurrently), and the folders the credentials
+    may not list, each with its refusal: the caller finds their objects by name instead. Any
+    other failure is raised."""
+    async def one(folder: str) -> list[ObjectInfo] | MissingPermissionError:
+        try:
+            return await _list_async(folder, options)
+        except MissingPermissionError as exc:
+            return exc
+
+    results = await gather_limited([lambda f=f: one(f) for f in folders], SETUP_REQUESTS)
+    refused = {folder: result for folder, result in zip(folders, results) if isinstance(result, MissingPermissionError)}
+    return [info for result in results if not isinstance(result, MissingPermissionError) for info in result], refused
+
+
+def _note_refused(refused: dict[str, MissingPermissionError], heads: int) -> None:
+    """Say once per set-up that listings were refused, and what set-up does instead."""
+    folder, refusal = next(iter(refused.items()))
+    more, whose = (f" and {len(refused) - 1} more folders", "their") if len(refused) > 1 else ("", "its")
+    log.info("listing %s%s was refused (the credentials lack %s): finding the sizes of %s %d shards with a HEAD each, %d at "
+             "a time, and each shard's index object by its name; with %s, one LIST per folder would do", folder, more,
+             refusal.permission, whose, heads, SETUP_REQUESTS, refusal.permission)
+
+
+async def _find_summaries(folders: list[str], listed: dict[str, ObjectInfo], options: StoreOptions) -> None:
+    """Add the folder summaries of ``folders`` that exist to ``listed`` (a HEAD each), as a
+    listing of the folders would have."""
+    async def one(folder: str) -> ObjectInfo | None:
+        url = folder + SUMMARY_NAME
+        try:
+            return await store_for(url, options).stat_async(url)
+        except (ObjectNotFoundError, MissingPermissionError):
+            # none, or S3's 403 for a missing object to credentials that may not list: each
+            # shard's index object still serves
+            return None
+
+    for info in await gather_limited([lambda f=f: one(f) for f in folders], SETUP_REQUESTS):
+        if info is not None:
+            listed[info.url] = info
+
+
+async def _head_shard(url: str, options: StoreOptions, unlisted: bool) -> ObjectInfo:
+    """The size and version of the remote shard ``url``, from a HEAD; ``unlisted``: its folder
+    could not be listed, so S3's 403 may mean that there is no such object."""
+    try:
+        return await store_for(url, options).stat_async(url)
+    except MissingPermissionError as exc:
+        if not unlisted or scheme_of(url) != "s3":
+            raise
+        raise exc._replace(detail=f"{exc.detail}; to credentials that may not list the bucket (s3:ListBucket), S3 answers "
+                                  "a request for an object that does not exist with access denied too: check the key") from exc
 
 
 async def _read_summary(url: str, info: ObjectInfo, options: StoreOptions) -> list[ShardEntry]:
@@ -454,35 +580,55 @@ def _keep(index: ShardIndex, entry: ShardEntry, cache_dir: str, write_index: boo
 _build_slots = None
 
 
-async def _index_entry(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
-                       write_index: bool) -> None:
-    """Give ``entry`` its index (see :func:`_entry_index`) and sample count."""
-    entry.index = await _entry_index(entry, listed, options, cache_dir, write_index)
+async def _index_entry(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool) -> None:
+    """Give ``entry`` its index, built from the shard's bytes (see :func:`_built_index`), and sample count."""
+    entry.index = await _built_index(entry, options, cache_dir, write_index)
     entry.samples = len(entry.index)
 
 
 async def _entry_index(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
                        write_index: bool) -> ShardIndex:
     """The index of the remote shard ``entry``: the local cache, else the index object beside it, else built."""
+    index = await _known_index(entry, listed, options, cache_dir, write_index)
+    return index if index is not None else await _built_index(entry, options, cache_dir, write_index)
+
+
+async def _known_index(entry: ShardEntry, listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
+                       write_index: bool) -> ShardIndex | None:
+    """The index of the remote shard ``entry`` that costs no read of its data: the local cache,
+    else the index object beside it (``listed`` shows it; where the store cannot list, it is
+    tried); None when there is none to use."""
     index = _cached(entry, cache_dir)
     if index is None:
-        store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
         if beside is None and scheme_of(entry.url) not in LISTABLE_SCHEMES:
             beside = ObjectInfo(entry.url + INDEX_SUFFIX, -1, None, 0)  # cannot list: try it
-        index = await _index_from_object(entry, beside, store) if beside is not None else None
-        if index is None:
-            index = await _build_async(entry, store)
-        _keep(index, entry, cache_dir, write_index)
+        index = await _index_from_object(entry, beside, store_for(entry.url, options)) if beside is not None else None
+        if index is not None:
+            _keep(index, entry, cache_dir, write_index)
+    return index
+
+
+async def _built_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool) -> ShardIndex:
+    """The index of the remote shard ``entry``, built from its bytes (read whole), and cached."""
+    index = await _build_async(entry, store_for(entry.url, options))
+    _keep(index, entry, cache_dir, write_index)
     return index
 
 
 async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> ShardIndex | None:
     """The index object ``beside`` the shard of ``entry``, or None when it is missing, damaged or
-    was written for another version of the shard (the index is then built afresh)."""
+    was written for another version of the shard (the index is then built afresh). ``beside``
+    of size -1 is a guess, no listing having shown it."""
     try:
         index = ShardIndex.from_bytes(await store.read_async(beside.url, version=beside.version), beside.url)
     except ObjectNotFoundError:
+        return None
+    except MissingPermissionError:
+        if beside.size >= 0:
+            raise
+        # To credentials that may not list the bucket, S3 answers access denied for an object
+        # that does not exist: most likely there is none, and building serves either way.
         return None
     except ShardFormatError as exc:
         log.warning("ignoring a damaged index object (building the index afresh): %s", exc)
@@ -684,23 +830,24 @@ def _stat_listed(url: str, where: str) -> ObjectInfo | None:
 
 async def _stat_remote(urls: list[str], where: str, options: StoreOptions) -> dict[str, ObjectInfo | None]:
     """Size and version of each remote shard of ``urls`` (None where it is not there): a LIST per
-    folder where the store can list, else a HEAD each."""
-    listable = LISTABLE_SCHEMES
-    folders = sorted({url.rsplit("/", 1)[0] + "/" for url in urls if scheme_of(url) in listable})
-    heads = [url for url in urls if scheme_of(url) not in listable]
+    folder where the store can list and the credentials may, else a HEAD each."""
+    folders = sorted({_folder(url) for url in urls if scheme_of(url) in LISTABLE_SCHEMES})
 
-    async def head(url: str) -> ObjectInfo | None:
+    async def head(url: str, unlisted: bool) -> ObjectInfo | None:
         try:
-            return await store_for(url, options).stat_async(url)
+            return await _head_shard(url, options, unlisted)
         except ObjectNotFoundError:
             return None
 
     try:
-        listings = await gather_limited([lambda f=f: _list_async(f, options) for f in folders], SETUP_REQUESTS)
-        infos = await gather_limited([lambda u=u: head(u) for u in heads], SETUP_REQUESTS)
+        listing, refused = await _list_folders(folders, options)
+        heads = [url for url in urls if scheme_of(url) not in LISTABLE_SCHEMES or _folder(url) in refused]
+        if refused:
+            _note_refused(refused, sum(1 for url in heads if _folder(url) in refused))
+        infos = await gather_limited([lambda u=u: head(u, _folder(u) in refused) for u in heads], SETUP_REQUESTS)
     except StoreError as exc:  # say which listing sent set-up there
         raise exc._replace(detail=f"{exc.detail} (finding the size of a shard the {_listing_kind(where)} {where} lists)") from exc
-    found = {info.url: info for listing in listings for info in listing}
+    found = {info.url: info for info in listing}
     found.update(zip(heads, infos))
     return {url: found.get(url) for url in urls}
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, AsyncIterator, Sequence
 
-from ..errors import (AccessDeniedError, HydraxError, ObjectChangedError, ObjectNotFoundError, StoreConfigError,
-                      StoreError, StoreUnavailableError)
+from ..errors import (AccessDeniedError, HydraxError, MissingPermissionError, ObjectChangedError, ObjectNotFoundError,
+                      StoreConfigError, StoreError, StoreUnavailableError)
 
 log = logging.getLogger(__name__)
 
@@ -541,6 +541,10 @@ class ObjectStore(Store):
             return AccessDeniedError(f"{at}the store refused the credentials ({code or 'unauthenticated'}); "
                                      "check the access key, secret and session token", url=url, offset=offset, subject=shard)
         if isinstance(exc, ox.PermissionDeniedError) or code in ("AccessDenied", "Forbidden") or " 403 " in text:
+            if self.scheme in ("s3", "gs"):  # the permission is known: set-up may work around a missing one
+                return MissingPermissionError(f"{at}access denied ({code or 'AccessDenied'}); the credentials need {permission} on "
+                                              "it (check the IAM and bucket policies)", url=url, offset=offset, subject=subject,
+                                              permission=permission)
             return AccessDeniedError(f"{at}access denied ({code or 'AccessDenied'}); the credentials need "
                                      f"{permission} on it (check the IAM and bucket policies)", url=url, offset=offset, subject=shard)
         if _CONNECT.search(text):
