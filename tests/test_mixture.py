@@ -269,7 +269,8 @@ def test_remote_shards_in_a_mixture_are_read_ahead(http_store, tmp_path):
         for batch in loader:
             values.extend(np.asarray(batch.arrays["value"]).tolist())
             del batch
-    assert remote.readahead_stats["requests"] > 0  # the announcements reached the remote ShardSet
+    # the announcements reached the remote ShardSet: it fetched, or found the chunks set-up kept
+    assert remote.readahead_stats["requests"] + remote.readahead_stats["reused"] > 0
     remote_values = [v for v in values if v >= 0]
     # 2 epochs of 72 remote items: one whole pass of the 96 samples, and 48 of the next pass
     times = np.unique(remote_values, return_counts=True)

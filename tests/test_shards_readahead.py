@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from hydrax.shards.readahead import (DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, ReadAhead, choose_budget, host_room,
-                                     memory_folder_fits)
+from hydrax.shards.readahead import (DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, LocalFiles, ReadAhead, ShardLayout, choose_budget,
+                                     host_room, memory_folder_fits)
 
 GB = 10**9
 
@@ -57,3 +57,56 @@ def test_a_bad_budget_is_refused_by_name(value):
     with pytest.raises(ValueError, match=r"ReadAhead\(max_bytes=...\) must be a positive int or None"):
         ReadAhead(max_bytes=value)
     assert ReadAhead().max_bytes is None and isinstance(choose_budget(None, 1, GB, GB, False), Budget)
+
+
+def shard_bytes(tmp_path, name: str, samples: int) -> bytes:
+    from hydrax.shards import ShardWriter
+
+    with ShardWriter(str(tmp_path / f"{name}-%03d.tar"), maxcount=samples, index=False) as writer:
+        for i in range(samples):
+            writer.write({"__key__": f"k{i:04d}", "bin": bytes([i % 251]) * (100 + i)})
+    with open(writer.paths[0], "rb") as f:
+        return f.read()
+
+
+def test_bytes_read_to_index_a_shard_become_the_chunk_files_workers_find_within_the_room(tmp_path):
+    """What set-up read whole to index a shard is cut into the chunk files the fetcher would
+    write (same folder for that version, same names), which a worker's LocalFiles finds; no more
+    than the room is written, a chunk already there is left alone, and no file stays open (many
+    shards under a low descriptor limit)."""
+    import resource
+
+    from hydrax.shards.indexfile import index_from_bytes
+    from hydrax.shards.readahead import ChunkSeeder
+
+    data = shard_bytes(tmp_path, "a", 40)
+    index = index_from_bytes(data, "s3://b/a.tar", len(data), 0, '"v1"')
+    starts, ends = index.sample_spans()
+    root = str(tmp_path / "root")
+    seeder = ChunkSeeder(root, room=int(ends[-1] - starts[0]) + 10)
+    assert seeder.add("s3://b/a.tar", '"v1"', starts, ends, data) == seeder.bytes == int(ends[-1] - starts[0])
+    layout = ShardLayout("s3://b/a.tar", '"v1"', starts, ends, root)
+    assert list(seeder.held) == [os.path.join(layout.directory, "c000000")] and sorted(os.listdir(layout.directory)) == ["c000000"]
+    files = LocalFiles()
+    for sample in (0, 17, 39):
+        buffer, offset = files.find(layout, sample)
+        assert bytes(buffer[starts[sample] - offset : ends[sample] - offset]) == data[starts[sample] : ends[sample]]
+    # another version of the shard is another folder; no room is left for it, and none is written
+    assert seeder.add("s3://b/a.tar", '"v2"', starts, ends, data) == 0
+    assert files.find(ShardLayout("s3://b/a.tar", '"v2"', starts, ends, root), 0) is None
+    # a chunk already there (another process's, or the same shard named twice) is not counted again
+    again = ChunkSeeder(root, room=1 << 30)
+    assert again.add("s3://b/a.tar", '"v1"', starts, ends, data) == 0 and again.held == {}
+    # thousands of shards with a few descriptors to spare: each file is closed once written
+    small = shard_bytes(tmp_path, "b", 2)
+    small_index = index_from_bytes(small, "s3://b/b.tar", len(small), 0, '"v1"')
+    spans = small_index.sample_spans()
+    many = ChunkSeeder(str(tmp_path / "many"), room=1 << 30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    try:
+        for n in range(2000):
+            many.add(f"s3://b/s{n:04d}.tar", '"v1"', *spans, small)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(many.held) == 2000 and many.bytes == 2000 * int(spans[1][-1] - spans[0][0])

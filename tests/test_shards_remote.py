@@ -56,10 +56,10 @@ def load_sample(sample, arrays, seed):
 ARRAYS = {"cls": ((), np.int32, jnp.int32), "bin": ((4,), np.int32, jnp.int32)}
 
 
-def run_epochs(dataset, *, batch=10, loaders=2, start=(0, 0), end=("epoch", 1), **group):
+def run_epochs(dataset, *, batch=10, loaders=2, start=(0, 0), end=("epoch", 1), load=load_sample, **group):
     seen = []
     groups = DataGroup(batch, dataset, loader_arrays=ARRAYS, **group)
-    with Dataloader(load_sample, groups, loader_count=loaders, start_at=start, end_at=end, timeout_sec=slack_int(60)) as loader:
+    with Dataloader(load, groups, loader_count=loaders, start_at=start, end_at=end, timeout_sec=slack_int(60)) as loader:
         for batch_ in loader:
             cls = np.asarray(batch_.arrays["cls"]).tolist()
             assert (np.asarray(batch_.arrays["bin"]) == np.array(cls)[:, None]).all()
@@ -200,6 +200,55 @@ def test_a_set_up_that_must_read_much_data_to_index_it_says_so_once(proxied, tmp
     proxy.clear()
     ShardSet(pattern, s3=options, cache_dir=str(tmp_path / "c3"))  # another host: the index objects serve
     assert warnings() == [] and proxy.requests_matching(r"\.tar$", method="GET") == []
+
+
+def load_checked(sample, arrays, seed):
+    """:func:`load_sample`, after checking every byte of the sample's payload."""
+    value = int(bytes(sample["cls"]))
+    payload = np.frombuffer(sample["bin"], np.int32)
+    assert len(payload) == SAMPLE_BYTES // 4 and (payload == value).all(), f"sample {value} has the wrong bytes"
+    load_sample(sample, arrays, seed)
+
+
+def folder_bytes(folder) -> int:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def test_bytes_read_to_index_shards_are_read_ahead_not_fetched_again(proxied, tmp_path):
+    """Shards without index objects are read whole at set-up to index them: while the read-ahead
+    budget has room, those bytes become its chunk files, so the first epoch (shuffled) reads
+    them from there: set-up and epoch together fetch the data about once, not twice."""
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, indexes=False)
+    total = sum(client.head_object(Bucket="data", Key=u[len("s3://data/"):])["ContentLength"] for u in urls)
+    proxy.clear()
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    assert len(proxy.requests_matching(r"\.tar$", method="GET")) == 6  # set-up read each shard whole
+    assert dataset.readahead_budget.holds_data
+    payload = sum(int((ends - starts).sum()) for starts, ends in (dataset.index(s).sample_spans() for s in range(6)))
+    assert payload <= folder_bytes(dataset._root) < total  # the samples' bytes, without the tar headers
+    seen = run_epochs(dataset, shuffle_first=True, load=load_checked)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(120))
+    down = proxy.stats()["body_bytes_down"]
+    assert down <= 1.1 * total, f"set-up and the first epoch fetched {down / total:.2f}x the data"
+    stats = dataset.readahead_stats
+    assert stats["reused"] == folder_bytes(dataset._root) and stats["requests"] == 0 and stats["held_peak"] <= stats["budget"]
+
+
+def test_a_budget_below_the_data_keeps_what_it_can_of_the_bytes_read_to_index(proxied, tmp_path):
+    """With a read-ahead budget too small for the data, set-up keeps only what the budget holds
+    of the shards it reads to index them; the epoch then fetches the rest (some bytes twice),
+    evicting within the budget, and delivers every sample once, with its bytes."""
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, indexes=False)
+    budget = 150_000  # one of the six shards (a chunk each, about 93 kB)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(max_bytes=budget))
+    kept = folder_bytes(dataset._root)
+    assert 0 < kept <= budget
+    seen = run_epochs(dataset, shuffle_first=True, load=load_checked)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(120))
+    stats = dataset.readahead_stats
+    assert stats["requests"] > 0 and 0 < stats["held_peak"] <= stats["budget"] == budget
 
 
 def test_a_manifest_sets_up_with_one_request(proxied, tmp_path):

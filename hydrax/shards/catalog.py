@@ -11,7 +11,8 @@ gives every shard its size, version and index:
   shows which have an index object ``<shard>.hidx`` beside them (``hydrax shards index`` writes
   them); indexes come from the local cache while the shard's ETag is unchanged, else from the
   index objects, many requests at once, else are built from the shard itself (also
-  concurrently). Nothing is written into the bucket;
+  concurrently; the bytes read go to the caller's sink, see :func:`resolve_set`, so that a
+  ShardSet's read-ahead keeps them). Nothing is written into the bucket;
 - ``http(s)://`` shards: a HEAD each (such servers cannot list), then as above;
 - ``hf://`` shards (the Hugging Face Hub, :mod:`hydrax.shards.hub`): first pinned to the commit
   their revision points at, then one listing of the tree API per folder, then as above;
@@ -38,7 +39,7 @@ import operator
 import shlex
 import stat
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -320,6 +321,14 @@ def _open_local(entry: ShardEntry, write_index: bool, missing: str, joint: str) 
                    subject=f"shard {entry.url!r:.300}: ") from None
 
 
+#: Given each shard set-up read whole to index it, while its bytes are still in memory: the
+#: shard's entry, its bytes and its new index (a ShardSet cuts them into read-ahead chunks).
+BuildSink = Callable[[ShardEntry, Any, ShardIndex], None]
+#: Called once, when set-up knows every remote shard's size (the first argument) and is about to
+#: read the second argument's shards whole to index them: the :data:`BuildSink` for their bytes, or None.
+SinkFor = Callable[[list[ShardEntry], list[ShardEntry]], BuildSink | None]
+
+
 def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry]:
     """Every shard of ``urls`` with its size, version and index (or, from a manifest, its count)."""
     if is_manifest(urls):
@@ -328,8 +337,9 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
 
 
 def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
-                     write_index: bool, given) -> list[ShardEntry]:
-    """:func:`resolve` once ``urls`` (``given``, named in advice) are expanded into ``shards``."""
+                     write_index: bool, given, sink_for: SinkFor | None = None) -> list[ShardEntry]:
+    """:func:`resolve` once ``urls`` (``given``, named in advice) are expanded into ``shards``;
+    ``sink_for`` as :func:`resolve_set` takes it."""
     entries = [ShardEntry(info.url) for info in shards]
     for entry in entries:
         if not is_remote(entry.url):
@@ -337,20 +347,24 @@ def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], op
             entry.size, entry.samples = entry.index.shard_size, len(entry.index)
     remote = [e for e in entries if is_remote(e.url)]
     if remote:
-        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index, given))
+        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index, given, sink_for))
     return entries
 
 
-def resolve_set(urls, options: StoreOptions, cache_dir: str,
-                write_index: bool) -> ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]:
+def resolve_set(urls, options: StoreOptions, cache_dir: str, write_index: bool,
+                sink_for: SinkFor | None = None) -> ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]:
     """The shards of ``urls``: of a manifest, its :class:`ShardTable` (no index loaded); when all
     of them are local files, ``(their paths, their set index)`` (see :func:`open_set_index`); else,
-    as :func:`resolve` gives them, every shard's :class:`ShardEntry`."""
+    as :func:`resolve` gives them, every shard's :class:`ShardEntry`.
+
+    ``sink_for`` (a :data:`SinkFor`) is called when remote shards must be read whole to index
+    them, once their sizes are known and before the first is read; the :data:`BuildSink` it
+    returns is given each such shard's bytes, so that they need not be fetched again."""
     if is_manifest(urls):
         return read_checked_manifest(os.fspath(urls), options)
     shards, listed = _expand(urls, options)
     if any(is_remote(info.url) for info in shards):
-        return _resolve_entries(shards, listed, options, cache_dir, write_index, urls)
+        return _resolve_entries(shards, listed, options, cache_dir, write_index, urls, sink_for)
     paths = [info.url for info in shards]
     return UrlList(paths), open_set_index(paths, cache_dir, write_index)
 
@@ -379,9 +393,10 @@ def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -
 
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
-                          cache_dir: str, write_index: bool, given=None) -> None:
+                          cache_dir: str, write_index: bool, given=None, sink_for: SinkFor | None = None) -> None:
     """Give the remote ``entries`` their sizes, versions and indexes (or counts, from a folder
-    summary); ``given``, the URLs as the caller wrote them, goes into advice."""
+    summary); ``given``, the URLs as the caller wrote them, goes into advice; ``sink_for`` as
+    :func:`resolve_set` takes it."""
     await _list_entries(entries, listed, options)
     # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
     # lists in one request; their indexes then load when first read. The rest read index objects.
@@ -407,7 +422,8 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
         else:
             entry.index, entry.samples = index, len(index)
     _warn_of_building(building, given, options)
-    await gather_limited([lambda e=e: _index_entry(e, options, cache_dir, write_index) for e in building], SETUP_REQUESTS)
+    sink = sink_for(entries, building) if sink_for is not None and building else None
+    await gather_limited([lambda e=e: _index_entry(e, options, cache_dir, write_index, sink) for e in building], SETUP_REQUESTS)
 
 
 def _warn_of_building(building: list[ShardEntry], given, options: StoreOptions) -> None:
@@ -580,9 +596,10 @@ def _keep(index: ShardIndex, entry: ShardEntry, cache_dir: str, write_index: boo
 _build_slots = None
 
 
-async def _index_entry(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool) -> None:
+async def _index_entry(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool,
+                       sink: BuildSink | None = None) -> None:
     """Give ``entry`` its index, built from the shard's bytes (see :func:`_built_index`), and sample count."""
-    entry.index = await _built_index(entry, options, cache_dir, write_index)
+    entry.index = await _built_index(entry, options, cache_dir, write_index, sink)
     entry.samples = len(entry.index)
 
 
@@ -609,9 +626,11 @@ async def _known_index(entry: ShardEntry, listed: dict[str, ObjectInfo], options
     return index
 
 
-async def _built_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool) -> ShardIndex:
-    """The index of the remote shard ``entry``, built from its bytes (read whole), and cached."""
-    index = await _build_async(entry, store_for(entry.url, options))
+async def _built_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool,
+                       sink: BuildSink | None = None) -> ShardIndex:
+    """The index of the remote shard ``entry``, built from its bytes (read whole, then given to
+    ``sink`` with the index), and cached."""
+    index = await _build_async(entry, store_for(entry.url, options), sink)
     _keep(index, entry, cache_dir, write_index)
     return index
 
@@ -641,7 +660,7 @@ async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> Sh
     return index
 
 
-async def _build_async(entry: ShardEntry, store) -> ShardIndex:
+async def _build_async(entry: ShardEntry, store, sink: BuildSink | None = None) -> ShardIndex:
     import asyncio
 
     global _build_slots
@@ -652,7 +671,10 @@ async def _build_async(entry: ShardEntry, store) -> ShardIndex:
         data = await store.read_async(entry.url, version=entry.version)
     if len(data) != entry.size:
         raise ObjectChangedError(f"listed with {entry.size} bytes, read {len(data)}", url=entry.url, subject=f"shard {entry.url!r}: ")
-    return index_from_bytes(data, entry.url, entry.size, 0, entry.version)
+    index = index_from_bytes(data, entry.url, entry.size, 0, entry.version)
+    if sink is not None:
+        sink(entry, data, index)  # while the bytes are in memory: the caller keeps what it may use
+    return index
 
 
 def load_index(entry: ShardEntry, options: StoreOptions, cache_dir: str, write_index: bool = True, *,

@@ -35,6 +35,11 @@ fetcher waits. By default the directory is private to the process, in memory (``
 where that has room, and removed when the ShardSet goes away (and swept on a later start if the
 process was killed); with ``cache_dir`` it persists, so later epochs and runs skip downloads of
 what it still holds.
+
+Set-up may fill the read-ahead before any run: a shard without an index object is read whole to
+index it, and a :class:`ChunkSeeder` cuts those bytes into the same chunk files, while the budget
+has room; the Fetcher counts them as held from its start (``Fetcher(..., held=...)``) and fetches
+only what they lack.
 """
 
 from __future__ import annotations
@@ -341,6 +346,62 @@ class ShardLayout:
         return int(self.starts[first]), int(self.ends[last])
 
 
+class ChunkSeeder:
+    """Chunk files cut from shards read whole for another reason (set-up reads a shard that has no
+    index object whole, to index it), written while ``room`` bytes allow: the same files, in the
+    same folders, that the :class:`Fetcher` would write, so a run need not fetch those bytes again.
+
+    :attr:`held` (path -> size, in the order written) is what the Fetcher then counts as held
+    (``Fetcher(..., held=...)``): the budget applies to it, and it is evicted like any file of an
+    earlier run. A failure to write stops the seeding (logged once); reads are unaffected.
+    """
+
+    def __init__(self, root: str, room: int) -> None:
+        self.root = root
+        self.room = room
+        self.bytes = 0
+        self.held: dict[str, int] = {}
+        self._failed = False
+
+    def add(self, url: str, version: str | None, starts: np.ndarray, ends: np.ndarray, data) -> int:
+        """Write the chunks of the shard ``url`` (read at ``version``, its samples spanning
+        ``[starts[i], ends[i])``) from its bytes ``data``, each while the room allows (a chunk
+        that is there already is left as it is); returns the bytes written."""
+        if self._failed or not len(starts):
+            return 0
+        layout = ShardLayout(url, version, starts, ends, self.root)
+        view = memoryview(data).cast("B")
+        written = 0
+        part = None
+        try:
+            for chunk in range(len(layout.chunks)):
+                start, end = layout.chunk_span(chunk)
+                path = os.path.join(layout.directory, chunk_name(chunk))
+                if end - start > self.room - self.bytes or path in self.held or os.path.exists(path):
+                    continue
+                os.makedirs(layout.directory, exist_ok=True)
+                # Under the temporary name, renamed once whole, as the fetcher writes: a worker
+                # never maps part of a chunk. Each file is closed at once (thousands of shards).
+                part = os.path.join(layout.directory, part_name(chunk_name(chunk)))
+                with open(part, "wb") as f:
+                    f.write(view[start:end])
+                os.replace(part, path)
+                part = None
+                self.held[path] = end - start
+                self.bytes += end - start
+                written += end - start
+        except OSError as exc:
+            self._failed = True
+            log.warning("keeping the bytes read to index shards for read-ahead stopped (the first epoch fetches the rest "
+                        "again): %s", exc)
+            if part is not None:
+                try:
+                    os.unlink(part)
+                except OSError:
+                    pass
+        return written
+
+
 class _Unit:
     """One file the fetcher manages: a chunk or a sample of a shard."""
 
@@ -358,11 +419,13 @@ class Fetcher:
     """The read-ahead thread of one ShardSet in the main process (see the module docstring).
 
     ``layout(shard)`` returns the :class:`ShardLayout` of a shard (loading its index if needed);
-    ``store(shard)`` its :class:`~hydrax.shards.store.Store`.
+    ``store(shard)`` its :class:`~hydrax.shards.store.Store`. ``held`` (path -> size): files
+    already written under ``root`` for it (by a :class:`ChunkSeeder`), counted as held from the
+    start and used as they are.
     """
 
     def __init__(self, options: ReadAhead, root: str, layout: Callable[[int], ShardLayout],
-                 layout_async: Callable[[int], Any], store: Callable[[int], Any]) -> None:
+                 layout_async: Callable[[int], Any], store: Callable[[int], Any], held: dict[str, int] | None = None) -> None:
         self.options = options
         self.root = root
         self._layout = layout
@@ -381,7 +444,7 @@ class Fetcher:
         self._queue: list[tuple[int, int, int]] = []  # heap of (rank of the first batch needing it, shard, chunk)
         self._urgent_left = 0
         self._urgent_until = 0
-        self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0}
+        self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._room: asyncio.Condition | None = None
@@ -391,6 +454,8 @@ class Fetcher:
         self._foreign: OrderedDict[str, int] | None = None  # files of earlier runs in a persistent cache
         if options.cache_dir is not None:
             self._adopt_existing()
+        if held:
+            self._adopt_held(held)
         self._thread = threading.Thread(target=self._run, name="hydrax-readahead", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -444,6 +509,7 @@ class Fetcher:
                 path = os.path.join(self._layout(shard).directory, name)
                 if self._foreign.pop(path, None) is not None:
                     unit.state = "present"
+                    self.stats["reused"] += size
         else:
             self._units.move_to_end(key)
         return unit
@@ -840,6 +906,19 @@ class Fetcher:
         self._bytes = sum(size for _, _, size in found)
         if self._bytes > self.options.max_bytes:
             self._trim_foreign(self._bytes - self.options.max_bytes)
+
+    def _adopt_held(self, held: dict[str, int]) -> None:
+        """Count the files ``held`` (written for this fetcher before it started) as files of an
+        earlier run: used as they are when first needed, evicted first, within the budget."""
+        if self._foreign is None:
+            self._foreign = OrderedDict()
+        for path, size in held.items():
+            if path not in self._foreign:  # a persistent cache's scan found it already
+                self._foreign[path] = size
+                self._bytes += size
+        if self._bytes > self.options.max_bytes:
+            self._trim_foreign(self._bytes - self.options.max_bytes)
+        self.stats["held_peak"] = max(self.stats["held_peak"], self._bytes)
 
     def _trim_foreign(self, wanted: int) -> int:
         freed = 0

@@ -8,7 +8,9 @@ sequence of light :class:`SampleRef` s. In a worker, ``sample["jpg"]`` is a zero
 mappings per process, least recently used closed first, so 10,000 shards fit under ``ulimit -n
 1024``), or, for remote shards, from what the main process read ahead
 (:mod:`hydrax.shards.readahead`), else from one ranged request that brings all of the sample's
-fields. Remote reads are pinned to the version each shard was indexed at.
+fields. Remote reads are pinned to the version each shard was indexed at. A remote shard that
+set-up reads whole to index it (no index object) goes into the read-ahead folder as it is read,
+while the budget has room, so the first epoch does not fetch it again.
 
 Indexes are held three ways:
 
@@ -46,12 +48,12 @@ import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
 from ..processes import start_forkserver_early
-from .catalog import (ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index, load_index_async,
-                      resolve_set)
+from .catalog import (BuildSink, ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index,
+                      load_index_async, resolve_set)
 from .indexfile import ShardIndex
 from .setindex import SetIndex
-from .readahead import (Budget, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget, finalizer, host_room,
-                        private_root)
+from .readahead import (Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
+                        finalizer, host_room, private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
@@ -130,19 +132,47 @@ class ShardSet(Sequence["SampleRef"]):
             start_forkserver_early(background=True, main_imports=False)
         pins: dict = {}
         urls = self._pin(urls, revision, pins)
-        self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index))
+        self._root: str | None = None
+        self._seeder: ChunkSeeder | None = None  # what set-up kept of the shards it read to index them
+        self._early_budget: Budget | None = None
+        self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index,
+                                self._seed_readahead if self.readahead.enabled else None))
         if pins and write_index:
             record_revisions(pins, self.cache_dir)
-        self._root: str | None = None
-        if self._remote is not None and self.readahead.enabled:
-            if self.readahead.cache_dir is not None:
-                self._root = os.path.join(self.readahead.cache_dir, "data")
-            else:
-                # the folder goes in memory when it has room for the budget this set will ask for
-                wanted = self.readahead.max_bytes or data_budget(self._remote_bytes())
-                self._root = private_root(wanted)
-                finalizer(self, self._root)
+        if self._remote is not None and self.readahead.enabled and self._root is None:
+            self._root = self._make_root(self._remote_bytes())
         self._init_process_state()
+        if self._early_budget is not None:
+            self._keep_budget(self._early_budget)
+            log.info("[hydrax] %s: set-up kept %s bytes of the shards it read to index them as read-ahead", self,
+                     f"{self._seeder.bytes:,}")
+        self._early_budget = None
+
+    def _make_root(self, data_bytes: int) -> str:
+        """The read-ahead folder for ``data_bytes`` of remote shards: in a persistent cache, or
+        a private one (removed with this ShardSet)."""
+        if self.readahead.cache_dir is not None:
+            return os.path.join(self.readahead.cache_dir, "data")
+        # the folder goes in memory when it has room for the budget this set will ask for
+        root = private_root(self.readahead.max_bytes or data_budget(data_bytes))
+        finalizer(self, root)
+        return root
+
+    def _seed_readahead(self, remote: list[ShardEntry], building: list[ShardEntry]) -> BuildSink | None:
+        """Called by set-up once it knows the sizes of the ``remote`` shards and reads ``building``
+        whole to index them: picks the read-ahead folder and budget now (not when a run starts),
+        and returns what cuts each of those shards, while its bytes are in memory, into the chunk
+        files the fetcher would fetch, while the budget has room (see
+        :class:`~hydrax.shards.readahead.ChunkSeeder`): the first epoch then reads them from there."""
+        data_bytes = sum(max(0, entry.size or 0) for entry in remote)  # as _remote_bytes will count them
+        self._root = self._make_root(data_bytes)
+        self._early_budget = self._choose_budget(data_bytes)
+        seeder = self._seeder = ChunkSeeder(self._root, self._early_budget.bytes)
+
+        def sink(entry: ShardEntry, data, index: ShardIndex) -> None:
+            # pinned to the version the shard was read (and indexed) at, as the fetcher's reads are
+            seeder.add(entry.url, entry.version or index.etag, *index.sample_spans(), data)
+        return sink
 
     def _pin(self, urls, revision: str | None, pins: dict):
         """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
@@ -373,8 +403,10 @@ class ShardSet(Sequence["SampleRef"]):
             # The fetcher's thread must not keep the ShardSet alive: it sees it through weak references.
             me = weakref.ref(self)
             options = dataclasses.replace(self.readahead, max_bytes=self.readahead_budget.bytes)
+            held = self._seeder.held if self._seeder is not None else None
+            self._seeder = None  # the fetcher counts those files from now on, and evicts them
             self._fetcher = Fetcher(options, self._root, lambda s: me().layout(s), lambda s: me().layout_async(s),
-                                    lambda s: store_for(me().urls[s], me().options))
+                                    lambda s: store_for(me().urls[s], me().options), held)
             weakref.finalize(self, self._fetcher.close)
         self._fetcher.announce(key, shards[remote], samples[remote], order)
 
@@ -402,15 +434,22 @@ class ShardSet(Sequence["SampleRef"]):
         if self._root is None:
             return None
         if self._budget is None:
-            data = self._remote_bytes()
-            available, free = host_room(self._root)
-            available = max(0, available - sum(_CLAIMED.values()))
-            self._budget = choose_budget(self.readahead.max_bytes, data, available, free, self.readahead.cache_dir is not None)
-            if self._budget.source != "given":
-                _CLAIMED[id(self)] = self._budget.bytes
-                weakref.finalize(self, _CLAIMED.pop, id(self), None)
-            log.info("[hydrax] %s: %s", self, self._budget.describe())
+            self._keep_budget(self._choose_budget(self._remote_bytes()))
         return self._budget
+
+    def _choose_budget(self, data_bytes: int) -> Budget:
+        """The budget for ``data_bytes`` of remote shards, from the room the host has now (less
+        what this process's other ShardSets claimed)."""
+        available, free = host_room(self._root)
+        available = max(0, available - sum(_CLAIMED.values()))
+        return choose_budget(self.readahead.max_bytes, data_bytes, available, free, self.readahead.cache_dir is not None)
+
+    def _keep_budget(self, budget: Budget) -> None:
+        self._budget = budget
+        if budget.source != "given":
+            _CLAIMED[id(self)] = budget.bytes
+            weakref.finalize(self, _CLAIMED.pop, id(self), None)
+        log.info("[hydrax] %s: %s", self, budget.describe())
 
     def _remote_bytes(self) -> int:
         return int(np.maximum(self._table.sizes[self._remote], 0).sum())
@@ -418,9 +457,12 @@ class ShardSet(Sequence["SampleRef"]):
     @property
     def readahead_stats(self) -> dict[str, int]:
         """Requests, bytes, evictions and failures of read-ahead in this process so far, the most
-        bytes held at once (``held_peak``) and the budget (``budget``, 0 without read-ahead)."""
+        bytes held at once (``held_peak``), the bytes of files it found written already when a
+        batch first needed them (``reused``: kept by set-up from the shards it read to index them,
+        or left in a persistent cache by an earlier run) and the budget (``budget``, 0 without
+        read-ahead)."""
         stats = dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0,
-                                                                            "held_peak": 0}
+                                                                            "held_peak": 0, "reused": 0}
         stats["budget"] = self._budget.bytes if self._budget is not None else 0
         return stats
 
@@ -437,12 +479,13 @@ class ShardSet(Sequence["SampleRef"]):
         # URLs and a table's arrays pickle as arrays (out of band, shared, when large).
         state = dict(self.__dict__)
         for name in ("_starts", "_learned", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
-                     "_remote_sample", "_fetcher", "_budget"):
+                     "_remote_sample", "_fetcher", "_budget", "_seeder", "_early_budget"):
             state.pop(name)  # derived, or per process
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self._seeder = self._early_budget = None  # set-up's, in the process that set up
         self._init_process_state()
 
     def __repr__(self) -> str:
