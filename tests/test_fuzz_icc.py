@@ -232,3 +232,44 @@ def test_a_huge_shared_tone_curve_is_refused_by_name_in_bounded_memory(tmp_path)
 
 if __name__ == "__main__":
     run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+
+
+def with_tag_count(count: int) -> bytes:
+    """:func:`profile_with_curve`'s profile with its tag table grown to ``count`` entries, the
+    added ones (unknown signatures) pointing at its first tag's data."""
+    profile = profile_with_curve(256)
+    listed = struct.unpack_from(">I", profile, 128)[0]
+    table = [struct.unpack_from(">4sII", profile, 132 + 12 * i) for i in range(listed)]
+    table += [(struct.pack(">I", 0x7A000000 + i), table[0][1], table[0][2]) for i in range(count - listed)]
+    grown = 12 * (count - listed)
+    body = profile[132 + 12 * listed:]
+    header = bytearray(profile[:128])
+    struct.pack_into(">I", header, 0, 132 + 12 * count + len(body))
+    return bytes(header) + struct.pack(">I", count) + b"".join(struct.pack(">4sII", s, o + grown, n) for s, o, n in table) + body
+
+
+@pytest.mark.parametrize("count", [100, 101, 2_000, 1_300_000])
+def test_a_tag_table_longer_than_littlecms_reads_is_refused_on_both_paths(count):
+    # LittleCMS refuses a profile of more than 100 tags, so Pillow's path refused it while the
+    # fast path read every entry: a 16 MB table of 1.3M tags took a second and about 55 MB.
+    from PIL import Image
+
+    from hydrax.image import ProfileError, decode_into
+    from hydrax.image.icc import MAX_TAGS, parse
+
+    profile = with_tag_count(count)
+    if count > MAX_TAGS:
+        with pytest.raises(ProfileError, match=f"lists {count} tags, more than the {MAX_TAGS}"):
+            parse(profile)
+    if len(profile) > 1 << 20:
+        return  # more than a PNG's iCCP chunk carries through Pillow: parse is the whole path
+    out = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(out, "PNG", icc_profile=profile)
+    slot = np.zeros((8, 8, 3), np.uint8)
+    if count <= MAX_TAGS:
+        assert parse(profile) is not None
+        decode_into(out.getvalue(), slot)
+        return
+    with pytest.raises(ProfileError):
+        decode_into(out.getvalue(), slot)
+    decode_into(out.getvalue(), slot, bad_profile="warn")  # read as sRGB, as any damaged profile

@@ -21,6 +21,9 @@ from ..errors import ProfileError
 #: profile of a few MB could otherwise ask for millions of samples (each a Python float); more
 #: samples than 16-bit codes say nothing more, and LittleCMS reads no more than 32767.
 MAX_CURVE_ENTRIES = 65536
+#: The most tags a profile's tag table may list: LittleCMS refuses a profile of more (so Pillow's
+#: path does), and a hostile table of a million entries would cost seconds and tens of MB here.
+MAX_TAGS = 100
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,11 @@ def _tag_table(data: bytes) -> dict[bytes, tuple[int, int]]:
     if data[36:40] != b"acsp":
         raise ProfileError("not an ICC profile: the 'acsp' signature at byte 36 is missing")
     count = struct.unpack_from(">I", data, 128)[0]
+    if count > MAX_TAGS:
+        # before the table is read: the same refusal as LittleCMS's, on either path
+        raise ProfileError(f"the ICC profile ({len(data)} bytes) lists {count} tags, more than the {MAX_TAGS} LittleCMS and hydrax "
+                           "read: the profile is damaged or hostile. Re-save the image without it or with a usable one, or "
+                           "decode with bad_profile='warn' to treat the image as sRGB")
     if 132 + 12 * count > len(data):
         raise ProfileError(f"the ICC profile's tag table ({count} tags) runs past its end")
     tags = {}
