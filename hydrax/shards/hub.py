@@ -776,13 +776,13 @@ class HubStore(Store):
                 raise StoreError(f"the Hub's tree listing {'names the page ' + target + ' again' if again else f'runs past {MAX_PAGES} pages'}"
                                  f" (after {len(seen)} pages, {len(found)} files): its pages would never end. The Hub's own "
                                  "listings end; check HF_ENDPOINT (or HFOptions(endpoint=...)) and any proxy between", url=prefix,
-                                 subject=f"listing {prefix!r}: ")
+                                 subject=_subject("list", prefix))
             seen.add(target)
             page, target = self._retry(prefix, None, functools.partial(self._json, target, hub, prefix, "list", True))
             if page is None:
                 return []
             if not isinstance(page, list):
-                raise StoreError(f"the Hub's tree listing is not a list: {_shape(page)}", url=prefix, subject=f"listing {prefix!r}: ")
+                raise StoreError(f"the Hub's tree listing is not a list: {_shape(page)}", url=prefix, subject=_subject("list", prefix))
             for entry in page:
                 info = _listed(hub, entry)
                 if info is not None and info.url.startswith(prefix):
