@@ -363,6 +363,14 @@ def release_fork_server() -> None:
 
 
 
+def helpers_allowed() -> bool:
+    """Whether hydrax may start helper processes (read-ahead's fetch process, set-up's indexing
+    processes) from the fork server here: not where workers are forked
+    (``HYDRAX_START_METHOD=fork``: no fork server), nor in a daemonic process (which may have no
+    children)."""
+    return os.environ.get("HYDRAX_START_METHOD") != "fork" and not mp.current_process().daemon
+
+
 def die_with_parent() -> None:
     """Have the kernel send this process SIGKILL when its parent dies (``PR_SET_PDEATHSIG``)."""
     try:

@@ -171,6 +171,20 @@ class _QuietServer(__import__("http.server").server.ThreadingHTTPServer):
 
 
 @pytest.fixture
+def proxied(s3_store):
+    """(S3Options through a proxy with no delay, the proxy, a boto3 client straight to the server)."""
+    from hydrax.shards import S3Options
+    from support.netproxy import Proxy
+    from support.timing import slack
+
+    endpoint, client = s3_store
+    port = int(endpoint.rsplit(":", 1)[1])
+    keys = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
+    with Proxy("127.0.0.1", port, delay=0.0) as proxy:
+        yield S3Options(endpoint_url=proxy.url, max_attempts=3, read_timeout=slack(5), **keys), proxy, client
+
+
+@pytest.fixture
 def http_store(tmp_path):
     """A plain HTTP server on 127.0.0.1 serving ``tmp_path / "www"`` with Range support.
 

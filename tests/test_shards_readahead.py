@@ -110,3 +110,37 @@ def test_bytes_read_to_index_a_shard_become_the_chunk_files_workers_find_within_
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert len(many.held) == 2000 and many.bytes == 2000 * int(spans[1][-1] - spans[0][0])
+
+
+def test_a_worker_stops_waiting_for_a_file_whose_writer_died_and_a_new_writer_clears_it(tmp_path):
+    """A fetch process killed mid-write leaves a temporary file no one will finish: a worker that
+    needs it reads the sample itself at once (the folder names its writer, which is dead), not
+    after WAIT_S; the fetch process started next keeps the complete files and removes the rest."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    from hydrax.shards.readahead import WRITER_FILE, chunk_name, claim_writer, held_files, part_name, writer_alive
+    from support.timing import slack
+
+    root = tmp_path / "readahead"
+    layout = ShardLayout("s3://b/x.tar", "v1", np.array([0, 10_000_000]), np.array([9_000_000, 18_000_000]), str(root))
+    os.makedirs(layout.directory)
+    (Path(layout.directory) / part_name(chunk_name(1))).write_bytes(b"")
+    (Path(layout.directory) / chunk_name(0)).write_bytes(b"x" * 9_000_000)
+    claim_writer(str(root))
+    assert writer_alive(str(root))  # this process
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / WRITER_FILE).write_text(str(dead.pid))
+    assert not writer_alive(str(root))
+    started = time.monotonic()
+    assert LocalFiles().find(layout, 1) is None
+    assert time.monotonic() - started < slack(2)
+    assert LocalFiles().find(layout, 0)[1] == 0  # a complete chunk is found as ever
+    held = held_files(str(root))
+    assert held == {os.path.join(layout.directory, chunk_name(0)): 9_000_000}
+    assert not os.path.exists(os.path.join(layout.directory, part_name(chunk_name(1))))

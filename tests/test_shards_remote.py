@@ -18,20 +18,10 @@ from hydrax.shards.catalog import publish_indexes, read_manifest, resolve, write
 from hydrax.shards.readahead import ReadAhead
 from hydrax.shards.store import StoreOptions
 
-from support.netproxy import Proxy
 from support.timing import slack, slack_int
 
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 SAMPLE_BYTES = 3000
-
-
-@pytest.fixture
-def proxied(s3_store):
-    """(S3Options through a proxy with no delay, the proxy, a boto3 client straight to the server)."""
-    endpoint, client = s3_store
-    port = int(endpoint.rsplit(":", 1)[1])
-    with Proxy("127.0.0.1", port, delay=0.0) as proxy:
-        yield S3Options(endpoint_url=proxy.url, max_attempts=3, read_timeout=slack(5), **KEYS), proxy, client
 
 
 def write_shards(tmp_path, client, count=6, per_shard=20, prefix="shards", indexes=True, options=None, sample_bytes=SAMPLE_BYTES):
@@ -211,7 +201,8 @@ def load_checked(sample, arrays, seed):
 
 
 def folder_bytes(folder) -> int:
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+    """The bytes of the files read ahead into ``folder`` (not its hidden bookkeeping files)."""
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file() and not f.name.startswith("."))
 
 
 def test_bytes_read_to_index_shards_are_read_ahead_not_fetched_again(proxied, tmp_path):
@@ -647,3 +638,23 @@ time.sleep(60)
     while os.path.exists(left) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(left)
+
+
+def test_a_run_whose_fetches_fail_transiently_delivers_every_sample_once(proxied, tmp_path):
+    """Resets, bodies cut short and 503s on the fetch process's reads (and the workers' own):
+    retried, or read again by the worker that needs the sample; every sample comes once, with
+    its bytes, and the faults did fire."""
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    proxy.reset_next(3, method="GET", ranged=True)
+    proxy.truncate_next(3, after_bytes=1000, method="GET", ranged=True)
+    proxy.respond_next(3, 503, b"<Error><Code>SlowDown</Code><Message>later</Message></Error>",
+                       {"Content-Type": "application/xml"}, method="GET", ranged=True)
+    seen = run_epochs(dataset, shuffle_first=True, load=load_checked)
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(240))
+    assert proxy.armed() == 0
+    faults = [r.fault for r in proxy.requests_matching(r"\.tar$", method="GET", ranged=True) if r.fault]
+    assert len(faults) == 9
+    dataset.close()

@@ -29,6 +29,7 @@ as a :class:`UrlList` (one byte array), sizes, sample counts and versions as a
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import glob
 import hashlib
@@ -327,6 +328,10 @@ BuildSink = Callable[[ShardEntry, Any, ShardIndex], None]
 #: Called once, when set-up knows every remote shard's size (the first argument) and is about to
 #: read the second argument's shards whole to index them: the :data:`BuildSink` for their bytes, or None.
 SinkFor = Callable[[list[ShardEntry], list[ShardEntry]], BuildSink | None]
+#: Given the remote shards set-up must read whole to index them (after :data:`SinkFor`): their
+#: indexes, built elsewhere (a ShardSet's indexing processes), None for one it could not build;
+#: or None, and set-up reads and indexes them itself.
+Builder = Callable[[list[ShardEntry]], "list[ShardIndex | None] | None"]
 
 
 def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> list[ShardEntry]:
@@ -337,9 +342,9 @@ def resolve(urls, options: StoreOptions, cache_dir: str, write_index: bool) -> l
 
 
 def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], options: StoreOptions, cache_dir: str,
-                     write_index: bool, given, sink_for: SinkFor | None = None) -> list[ShardEntry]:
+                     write_index: bool, given, sink_for: SinkFor | None = None, builder: Builder | None = None) -> list[ShardEntry]:
     """:func:`resolve` once ``urls`` (``given``, named in advice) are expanded into ``shards``;
-    ``sink_for`` as :func:`resolve_set` takes it."""
+    ``sink_for`` and ``builder`` as :func:`resolve_set` takes them."""
     entries = [ShardEntry(info.url) for info in shards]
     for entry in entries:
         if not is_remote(entry.url):
@@ -347,24 +352,25 @@ def _resolve_entries(shards: list[ObjectInfo], listed: dict[str, ObjectInfo], op
             entry.size, entry.samples = entry.index.shard_size, len(entry.index)
     remote = [e for e in entries if is_remote(e.url)]
     if remote:
-        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index, given, sink_for))
+        run_async(_resolve_remote(remote, listed, options, cache_dir, write_index, given, sink_for, builder))
     return entries
 
 
 def resolve_set(urls, options: StoreOptions, cache_dir: str, write_index: bool,
-                sink_for: SinkFor | None = None) -> ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]:
+                sink_for: SinkFor | None = None, builder: Builder | None = None) -> ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]:
     """The shards of ``urls``: of a manifest, its :class:`ShardTable` (no index loaded); when all
     of them are local files, ``(their paths, their set index)`` (see :func:`open_set_index`); else,
     as :func:`resolve` gives them, every shard's :class:`ShardEntry`.
 
     ``sink_for`` (a :data:`SinkFor`) is called when remote shards must be read whole to index
     them, once their sizes are known and before the first is read; the :data:`BuildSink` it
-    returns is given each such shard's bytes, so that they need not be fetched again."""
+    returns is given each such shard's bytes, so that they need not be fetched again. ``builder``
+    (a :data:`Builder`) is then offered those shards to index elsewhere."""
     if is_manifest(urls):
         return read_checked_manifest(os.fspath(urls), options)
     shards, listed = _expand(urls, options)
     if any(is_remote(info.url) for info in shards):
-        return _resolve_entries(shards, listed, options, cache_dir, write_index, urls, sink_for)
+        return _resolve_entries(shards, listed, options, cache_dir, write_index, urls, sink_for, builder)
     paths = [info.url for info in shards]
     return UrlList(paths), open_set_index(paths, cache_dir, write_index)
 
@@ -393,10 +399,11 @@ def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -
 
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,
-                          cache_dir: str, write_index: bool, given=None, sink_for: SinkFor | None = None) -> None:
+                          cache_dir: str, write_index: bool, given=None, sink_for: SinkFor | None = None,
+                          builder: Builder | None = None) -> None:
     """Give the remote ``entries`` their sizes, versions and indexes (or counts, from a folder
-    summary); ``given``, the URLs as the caller wrote them, goes into advice; ``sink_for`` as
-    :func:`resolve_set` takes it."""
+    summary); ``given``, the URLs as the caller wrote them, goes into advice; ``sink_for`` and
+    ``builder`` as :func:`resolve_set` takes them."""
     await _list_entries(entries, listed, options)
     # A folder summary written by `hydrax shards index` gives the sample counts of every shard it
     # lists in one request; their indexes then load when first read. The rest read index objects.
@@ -423,6 +430,13 @@ async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInf
             entry.index, entry.samples = index, len(index)
     _warn_of_building(building, given, options)
     sink = sink_for(entries, building) if sink_for is not None and building else None
+    built = await asyncio.to_thread(builder, building) if builder is not None and building else None
+    if built is not None:
+        for entry, index in zip(building, built):
+            if index is not None:
+                _keep(index, entry, cache_dir, write_index)
+                entry.index, entry.samples = index, len(index)
+        building = [entry for entry, index in zip(building, built) if index is None]
     await gather_limited([lambda e=e: _index_entry(e, options, cache_dir, write_index, sink) for e in building], SETUP_REQUESTS)
 
 
@@ -562,8 +576,6 @@ async def _read_summary(url: str, info: ObjectInfo, options: StoreOptions) -> li
 
 
 async def _list_async(folder: str, options: StoreOptions) -> list[ObjectInfo]:
-    import asyncio
-
     return await asyncio.to_thread(store_for(folder, options).list, folder)
 
 
@@ -630,7 +642,7 @@ async def _built_index(entry: ShardEntry, options: StoreOptions, cache_dir: str,
                        sink: BuildSink | None = None) -> ShardIndex:
     """The index of the remote shard ``entry``, built from its bytes (read whole, then given to
     ``sink`` with the index), and cached."""
-    index = await _build_async(entry, store_for(entry.url, options), sink)
+    index = await build_index_async(entry, store_for(entry.url, options), sink)
     _keep(index, entry, cache_dir, write_index)
     return index
 
@@ -660,9 +672,9 @@ async def _index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> Sh
     return index
 
 
-async def _build_async(entry: ShardEntry, store, sink: BuildSink | None = None) -> ShardIndex:
-    import asyncio
-
+async def build_index_async(entry: ShardEntry, store, sink: BuildSink | None = None) -> ShardIndex:
+    """The index of the remote shard ``entry``, read whole from ``store`` (at most
+    :data:`BUILD_REQUESTS` at once per event loop); ``sink`` is given its bytes with it."""
     global _build_slots
     loop = asyncio.get_running_loop()
     if _build_slots is None or _build_slots[0] is not loop:
@@ -1048,13 +1060,11 @@ async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], opt
     await _list_entries(entries, listed, options)
 
     async def one(entry: ShardEntry) -> None:
-        import asyncio
-
         store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
         index = await _index_from_object(entry, beside, store) if beside is not None and not force else None
         if index is None:
-            index = await _build_async(entry, store)
+            index = await build_index_async(entry, store)
             await asyncio.to_thread(store.write, entry.url + INDEX_SUFFIX, index.to_bytes())
         entry.index, entry.samples = index, len(index)
         if on_done is not None:
@@ -1067,8 +1077,6 @@ async def update_summary(folder: str, entries: Sequence[ShardEntry], listed: dic
                          options: StoreOptions) -> None:
     """Write the folder summary (:data:`SUMMARY_NAME`) of ``folder``: ``entries``, and the shards
     an earlier summary listed that the listing ``listed`` shows unchanged."""
-    import asyncio
-
     url = f"{folder}/{SUMMARY_NAME}"
     kept: dict[str, ShardEntry] = {}
     if url in listed:

@@ -4,9 +4,11 @@ The schedule is a pure function of (seed, epoch), so the main process knows long
 samples each batch holds. The Dataloader announces upcoming batches to their data
 (``data.prefetch(key, indices, order)``, in the order they will be loaded, then
 ``data.release(key)`` once the batch is loaded); for a :class:`~hydrax.shards.ShardSet` with
-remote shards, a :class:`Fetcher` thread in the main process turns those announcements into
-requests, many in flight at once, and writes what arrives as files under one directory that every
-worker of the host reads:
+remote shards, a :class:`Fetcher` thread turns those announcements into requests, many in flight
+at once, and writes what arrives as files under one directory that every worker of the host reads.
+The thread runs in a fetch process of its own (:mod:`hydrax.shards.fetchproc`), so the training
+process spends no CPU, and holds no GIL, per byte fetched; where no such process can start, in
+the main process.
 
 - each shard is cut into sample-aligned chunks of about :data:`CHUNK_BYTES` (``c000012``), so a
   sample never spans two files and a worker reads it zero-copy from a mapping. When the announced
@@ -24,7 +26,8 @@ worker of the host reads:
 A file is written under a temporary name (``.c000012.part``, made when its request is sent) and
 renamed when complete; a worker that needs a sample whose file is on its way waits for it, and
 one whose sample was not read ahead reads it itself (one ranged request), so read-ahead never
-blocks progress. Reads are pinned to the version (ETag) each shard was indexed at.
+blocks progress; nor does a writer that died (:data:`WRITER_FILE` names it, and waiting workers
+check it lives). Reads are pinned to the version (ETag) each shard was indexed at.
 
 Memory is bounded by a budget (:class:`Budget`): ``ReadAhead(max_bytes=...)`` when given, else
 sized for the run by :func:`choose_budget`: the remote data itself when the host can hold it (an
@@ -316,6 +319,52 @@ def sweep_dead_roots() -> None:
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
+#: The file in a read-ahead folder that names the process writing its files (its pid), so that a
+#: worker waiting for a file being written stops waiting when that process is gone.
+WRITER_FILE = ".writer"
+#: How often a waiting worker checks that the writer lives.
+WRITER_CHECK_S = 0.1
+
+
+def claim_writer(root: str) -> None:
+    """Record this process as the writer of the files under ``root`` (see :data:`WRITER_FILE`)."""
+    os.makedirs(root, exist_ok=True)
+    temporary = os.path.join(root, f"{WRITER_FILE}.{os.getpid()}")
+    with open(temporary, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(temporary, os.path.join(root, WRITER_FILE))
+
+
+def writer_alive(root: str) -> bool:
+    """Whether the process that writes the files under ``root`` lives (True when none is named)."""
+    try:
+        with open(os.path.join(root, WRITER_FILE)) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return True
+    return process_alive(pid)
+
+
+def held_files(root: str) -> dict[str, int]:
+    """``path -> size`` of the complete files under ``root``, oldest first; the temporary files
+    there are removed (a fetch process started again after another died finds what that one wrote
+    whole, and what it left half-written)."""
+    found = []
+    for folder in os.scandir(root) if os.path.isdir(root) else ():
+        if not folder.is_dir():
+            continue
+        for entry in os.scandir(folder.path):
+            try:
+                if entry.name.startswith("."):
+                    os.unlink(entry.path)
+                else:
+                    stat = entry.stat()
+                    found.append((stat.st_mtime_ns, entry.path, stat.st_size))
+            except OSError:
+                pass
+    return {path: size for _, path, size in sorted(found)}
+
+
 def remove_private_root(root: str, owner: int) -> None:
     """Remove ``root`` if this process made it (a forked copy of its owner must not)."""
     if os.getpid() == owner:
@@ -401,6 +450,14 @@ class ChunkSeeder:
                     pass
         return written
 
+    def adopt(self, held: dict[str, int]) -> None:
+        """Count as this seeder's the files ``held`` (path -> size) that another process's
+        seeder wrote under the same root (set-up's indexing processes, each with a share of the room)."""
+        for path, size in held.items():
+            if path not in self.held:
+                self.held[path] = size
+                self.bytes += size
+
 
 class _Unit:
     """One file the fetcher manages: a chunk or a sample of a shard."""
@@ -416,7 +473,8 @@ class _Unit:
 
 
 class Fetcher:
-    """The read-ahead thread of one ShardSet in the main process (see the module docstring).
+    """The read-ahead thread of one ShardSet (see the module docstring), in a fetch process
+    (:class:`~hydrax.shards.fetchproc.FetchProcess`) or, where none can start, in the main process.
 
     ``layout(shard)`` returns the :class:`ShardLayout` of a shard (loading its index if needed);
     ``store(shard)`` its :class:`~hydrax.shards.store.Store`. ``held`` (path -> size): files
@@ -456,6 +514,7 @@ class Fetcher:
             self._adopt_existing()
         if held:
             self._adopt_held(held)
+        claim_writer(root)
         self._thread = threading.Thread(target=self._run, name="hydrax-readahead", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -985,10 +1044,15 @@ class LocalFiles:
                 return None
             now = time.monotonic()
             if deadline is None:
-                deadline = now + WAIT_S
+                deadline, check = now + WAIT_S, now + WRITER_CHECK_S
             elif now > deadline:
                 log.warning("waited %.0f s for read-ahead of %s sample %d; reading it directly", WAIT_S, layout.url, sample)
                 return None
+            elif now > check:
+                # A fetch process killed mid-write leaves its temporary files: no one finishes them.
+                if not writer_alive(os.path.dirname(layout.directory)):
+                    return None
+                check = now + WRITER_CHECK_S
             time.sleep(0.002)
 
     def _map(self, path: str) -> memoryview | None:

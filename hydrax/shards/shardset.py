@@ -6,11 +6,12 @@ a manifest for remote ones, never by reading the data when those exist), then be
 sequence of light :class:`SampleRef` s. In a worker, ``sample["jpg"]`` is a zero-copy
 ``memoryview`` of that field's bytes: from a mapping of the local shard (at most ``max_open``
 mappings per process, least recently used closed first, so 10,000 shards fit under ``ulimit -n
-1024``), or, for remote shards, from what the main process read ahead
-(:mod:`hydrax.shards.readahead`), else from one ranged request that brings all of the sample's
-fields. Remote reads are pinned to the version each shard was indexed at. A remote shard that
-set-up reads whole to index it (no index object) goes into the read-ahead folder as it is read,
-while the budget has room, so the first epoch does not fetch it again.
+1024``), or, for remote shards, from what its fetch process read ahead
+(:mod:`hydrax.shards.readahead`, :mod:`hydrax.shards.fetchproc`), else from one ranged request
+that brings all of the sample's fields. Remote reads are pinned to the version each shard was
+indexed at. A remote shard that set-up reads whole to index it (no index object) goes into the
+read-ahead folder as it is read, while the budget has room, so the first epoch does not fetch it
+again.
 
 Indexes are held three ways:
 
@@ -52,8 +53,10 @@ from .catalog import (BuildSink, ShardEntry, ShardTable, UrlList, default_cache_
                       load_index_async, resolve_set)
 from .indexfile import ShardIndex
 from .setindex import SetIndex
+from .fetchproc import make_fetcher
+from .indexpool import index_in_processes, pool_size
 from .readahead import (Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
-                        finalizer, host_room, private_root)
+                        finalizer, host_room, private_root, remove_private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
@@ -136,7 +139,7 @@ class ShardSet(Sequence["SampleRef"]):
         self._seeder: ChunkSeeder | None = None  # what set-up kept of the shards it read to index them
         self._early_budget: Budget | None = None
         self._adopt(resolve_set(urls, self.options, self.cache_dir, write_index,
-                                self._seed_readahead if self.readahead.enabled else None))
+                                self._seed_readahead if self.readahead.enabled else None, self._build_indexes))
         if pins and write_index:
             record_revisions(pins, self.cache_dir)
         if self._remote is not None and self.readahead.enabled and self._root is None:
@@ -173,6 +176,14 @@ class ShardSet(Sequence["SampleRef"]):
             # pinned to the version the shard was read (and indexed) at, as the fetcher's reads are
             seeder.add(entry.url, entry.version or index.etag, *index.sample_spans(), data)
         return sink
+
+    def _build_indexes(self, building: list[ShardEntry]) -> list[ShardIndex | None] | None:
+        """Called by set-up with the remote shards it must read whole to index them: their
+        indexes, built by processes of their own when they hold enough bytes (see
+        :mod:`hydrax.shards.indexpool`), keeping chunk files in this set's room; else None (set-up
+        indexes them in this process)."""
+        processes = pool_size(building)
+        return index_in_processes(building, self.options, self._seeder, processes) if processes else None
 
     def _pin(self, urls, revision: str | None, pins: dict):
         """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
@@ -215,7 +226,7 @@ class ShardSet(Sequence["SampleRef"]):
         self._learned: dict[int, tuple[int, str]] = {}
         self._files = LocalFiles(self.max_open)
         self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
-        self._fetcher: Fetcher | None = None
+        self._fetcher: Any = None  # a FetchProcess or a Fetcher (see make_fetcher)
         self._budget: Budget | None = None
 
     @property
@@ -400,14 +411,21 @@ class ShardSet(Sequence["SampleRef"]):
         if not remote.any():
             return
         if self._fetcher is None:
-            # The fetcher's thread must not keep the ShardSet alive: it sees it through weak references.
-            me = weakref.ref(self)
+            # The fetcher (and what makes its thread) must not keep the ShardSet alive: they see it
+            # through weak references.
+            me, root = weakref.ref(self), self._root
             options = dataclasses.replace(self.readahead, max_bytes=self.readahead_budget.bytes)
             held = self._seeder.held if self._seeder is not None else None
             self._seeder = None  # the fetcher counts those files from now on, and evicts them
-            self._fetcher = Fetcher(options, self._root, lambda s: me().layout(s), lambda s: me().layout_async(s),
-                                    lambda s: store_for(me().urls[s], me().options), held)
-            weakref.finalize(self, self._fetcher.close)
+            # The fetcher runs in a fetch process of its own where one can start (the training
+            # process then spends no CPU, and holds no GIL, per byte fetched); else as a thread.
+            self._fetcher = make_fetcher(self, options, root, held, lambda found: Fetcher(
+                options, root, lambda s: me().layout(s), lambda s: me().layout_async(s),
+                lambda s: store_for(me().urls[s], me().options), found))
+            # Closed before the private folder goes (whichever finalizer runs first): a fetch
+            # process still writing would make it again.
+            private = self._root if self.readahead.cache_dir is None else None
+            weakref.finalize(self, _close_fetcher, self._fetcher, private, os.getpid())
         self._fetcher.announce(key, shards[remote], samples[remote], order)
 
     def release(self, key: Any) -> None:
@@ -456,11 +474,12 @@ class ShardSet(Sequence["SampleRef"]):
 
     @property
     def readahead_stats(self) -> dict[str, int]:
-        """Requests, bytes, evictions and failures of read-ahead in this process so far, the most
-        bytes held at once (``held_peak``), the bytes of files it found written already when a
-        batch first needed them (``reused``: kept by set-up from the shards it read to index them,
-        or left in a persistent cache by an earlier run) and the budget (``budget``, 0 without
-        read-ahead)."""
+        """Requests, bytes, evictions and failures of this set's read-ahead so far (in its fetch
+        processes: one that died counts what it last reported), the most bytes held at once
+        (``held_peak``), the bytes of files it found written already when a batch first needed
+        them (``reused``: kept by set-up from the shards it read to index them, left in a
+        persistent cache by an earlier run, or by an earlier run's fetch process) and the budget
+        (``budget``, 0 without read-ahead)."""
         stats = dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0,
                                                                             "held_peak": 0, "reused": 0}
         stats["budget"] = self._budget.bytes if self._budget is not None else 0
@@ -490,6 +509,14 @@ class ShardSet(Sequence["SampleRef"]):
 
     def __repr__(self) -> str:
         return f"ShardSet({len(self.urls)} shards, {len(self)} samples)"
+
+
+def _close_fetcher(fetcher: Any, private_root: str | None, owner: int) -> None:
+    """Stop ``fetcher``, then remove the private folder it wrote to (if any): a fetch process
+    could otherwise make it again after the folder's own finalizer removed it."""
+    fetcher.close()
+    if private_root is not None:
+        remove_private_root(private_root, owner)
 
 
 def _names_remote(urls) -> bool:

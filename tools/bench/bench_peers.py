@@ -17,7 +17,10 @@ done, as in a training script) and stops at the last batch, so set-up, the worke
 the first requests are included. The first batch's time is from the same start. Runs are
 interleaved, ``--repeat`` of each, each repeat starting one case later than the last and every
 run after ``--settle`` seconds; the table gives medians and every run (in the order run), with
-the load average at each run's end.
+the load average at each run's end, the bytes the server sent per byte of data (set-up
+included), and hydrax's CPU per GB delivered by process kind: the training process's own
+(``getrusage``, its threads only), its fetch process's, set-up's indexing processes' and the
+loaders' (from ``/proc``, sampled 4 times a second).
 
 Contenders (the peers run in their own venv, see ``peers/README.md``):
 
@@ -27,6 +30,13 @@ Contenders (the peers run in their own venv, see ``peers/README.md``):
   started then with the script's imports, is what the workers start from);
 - hydrax fully shuffled with read-ahead budgets given by hand (``--budgets 256 1024``: MiB), what
   global shuffling costs when the budget cannot hold the data;
+- hydrax ``shardwise`` with 1 loader (how a run grows with its loaders);
+- hydrax ``shardwise`` on an unprepared bucket: the same tars under ``raw/``, with no index
+  objects and no folder summary (what a webdataset user has), set-up's indexing included;
+- hydrax ``shardwise`` with a training step after each batch (``--step-iters`` of a pure-Python
+  loop, about 2-3 ms here, holding the GIL as a training loop's Python does), once over the
+  remote shards and once over the same tars on local disk: what the training loop feels of the
+  fetching, as the step's mean, p90 and p99;
 - LitData 0.2.76 ``StreamingDataset`` + ``StreamingDataLoader``, with and without ``shuffle``;
 - MosaicML Streaming 0.13.0 ``shuffle=True`` (``--streaming``);
 - webdataset's tar pipeline in one process, plain GETs (``--webdataset``).
@@ -45,7 +55,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +73,35 @@ def copy_sample(sample, arrays, seed):
     arrays["bin"][: len(data)] = np.frombuffer(data, np.uint8)
 
 
+def python_step(iterations: int) -> float:
+    """A training step's fixed pure-Python work (it holds the GIL throughout); its seconds."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        total += i * i
+    return time.perf_counter() - started
+
+
+def children_cpu(seen: dict[tuple[str, int], float]) -> None:
+    """Record in ``seen`` ((kind, pid) -> CPU seconds) what each of this process's helper
+    processes (loaders, fetch and indexing processes) has used so far, from ``/proc``."""
+    import multiprocessing as mp
+
+    tick = os.sysconf("SC_CLK_TCK")
+    for child in mp.active_children():
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = child.name.rstrip("0123456789-")
+        seen[(kind, child.pid)] = max(seen.get((kind, child.pid), 0.0), (int(fields[11]) + int(fields[12])) / tick)
+
+
 def hydrax_run(args) -> None:
     """One epoch of hydrax in this (new) process; prints a JSON line."""
+    import resource
+
     import jax
     import jax.numpy as jnp
 
@@ -73,23 +112,52 @@ def hydrax_run(args) -> None:
         jax.devices()
     options = S3Options(endpoint_url=args.endpoint, **KEYS)
     cache = tempfile.mkdtemp(prefix="hydrax-bench-index-")
+    if args.local:
+        urls = sorted(os.path.join(args.tars, n) for n in os.listdir(args.tars) if n.endswith(".tar"))
+    else:
+        urls = f"s3://{BUCKET}/{'raw' if args.raw else 'train'}/*.tar"
+    helpers: dict[tuple[str, int], float] = {}
+    done = threading.Event()
+
+    def sample_helpers() -> None:  # they come and go (set-up's indexing processes): looked at 4 times a second
+        while not done.wait(0.25):
+            children_cpu(helpers)
+
+    threading.Thread(target=sample_helpers, daemon=True).start()
     started = time.perf_counter()
+    cpu = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads only, not its children
     readahead = ReadAhead(max_bytes=args.budget << 20) if args.budget else None
-    dataset = ShardSet(f"s3://{BUCKET}/train/*.tar", s3=options, cache_dir=cache, readahead=readahead)
+    dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
     order = {"shardwise": {"shuffle_later": "shardwise"}, "random": {"shuffle_first": True}}[args.hydrax_run]
     group = DataGroup(32, dataset, loader_arrays={"bin": ((args.sample_bytes,), np.uint8, jnp.uint8)}, **order)
     seen: list[np.ndarray] = []
+    steps: list[float] = []
     first = None
-    with Dataloader(copy_sample, group, loader_count=2, end_at=("epoch", 1), timeout_sec=300) as loader:
+    with Dataloader(copy_sample, group, loader_count=args.loaders, end_at=("epoch", 1), timeout_sec=300) as loader:
         for batch in loader:
-            first = first or time.perf_counter() - started
+            if first is None:
+                first = time.perf_counter() - started
+                at_first = resource.getrusage(resource.RUSAGE_SELF)
             seen.append(np.asarray(batch.indices))
             del batch
+            if args.run_step_iters:
+                steps.append(python_step(args.run_step_iters))
+        children_cpu(helpers)
+    done.set()
     elapsed = time.perf_counter() - started
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    by_kind: dict[str, float] = {}
+    for (kind, _), seconds in helpers.items():
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
     indices = np.concatenate(seen)
     budget = dataset.readahead_budget
     print(json.dumps({"samples": len(indices), "distinct": len(np.unique(indices)), "seconds": elapsed,
                       "first_batch_s": first, "load_average": os.getloadavg()[0],
+                      "training_cpu_s": used.ru_utime - cpu.ru_utime + used.ru_stime - cpu.ru_stime,
+                      # from the first batch on: the cost per GB that grows with the data, start-up aside
+                      "training_cpu_steady_s": used.ru_utime - at_first.ru_utime + used.ru_stime - at_first.ru_stime,
+                      "steady_bytes": (len(indices) - len(seen[0])) * args.sample_bytes,
+                      "delivered_bytes": len(indices) * args.sample_bytes, "steps": steps, "helpers_cpu_s": by_kind,
                       "budget": budget.describe() if budget else None}), flush=True)
     dataset.close()
     shutil.rmtree(cache, ignore_errors=True)
@@ -150,8 +218,11 @@ def prepare(args, folder: str) -> tuple[subprocess.Popen, str]:
     args.tars = os.path.join(folder, "tars")
     os.makedirs(args.tars)
     paths = make_shards(args.tars, args.shards, args.per_shard, args.sample_bytes, "train")
+    raw = os.path.join(served, BUCKET, "raw")  # the same tars, unprepared: no index objects, no summary
+    os.makedirs(raw)
     for path in paths:
         os.link(path, os.path.join(train, os.path.basename(path)))
+        os.link(path, os.path.join(raw, os.path.basename(path)))
     server, line = start([sys.executable, str(HERE / "rangeserver.py"), served, "--port", "0"])
     endpoint = line.split()[-1]
     publish_indexes([f"s3://{BUCKET}/train/*.tar"], StoreOptions(s3=S3Options(endpoint_url=endpoint, **KEYS)))
@@ -172,9 +243,18 @@ def cases(args, endpoint: str) -> dict[str, list[str]]:
         "hydrax shardwise, defaults": me + ["--hydrax-run", "shardwise"] + common,
         "hydrax fully shuffled, defaults": me + ["--hydrax-run", "random"] + common,
         "hydrax shardwise, JAX initialised first": me + ["--hydrax-run", "shardwise", "--jax-first"] + common,
+        "hydrax shardwise, 1 loader": me + ["--hydrax-run", "shardwise", "--loaders", "1"] + common,
+        "hydrax shardwise, unprepared bucket": me + ["--hydrax-run", "shardwise", "--raw"] + common,
+        "hydrax shardwise, local shards": me + ["--hydrax-run", "shardwise", "--local", "--tars", args.tars] + common,
+        "hydrax shardwise + training step": me + ["--hydrax-run", "shardwise", "--run-step-iters", str(args.step_iters)] + common,
+        "hydrax shardwise + training step, local shards": me + ["--hydrax-run", "shardwise", "--local", "--tars", args.tars,
+                                                               "--run-step-iters", str(args.step_iters)] + common,
         "LitData": peer + ["--format", "litdata", "--remote", f"s3://{BUCKET}/lit"],
         "LitData, shuffle=True": peer + ["--format", "litdata", "--remote", f"s3://{BUCKET}/lit", "--shuffle"],
     }
+    if args.baseline:
+        for name in [n for n in found if n.startswith("hydrax shardwise")]:
+            found[f"{name} (baseline)"] = found[name] + ["--hydrax-tree", args.baseline]
     for budget in args.budgets or ():
         found[f"hydrax fully shuffled, {budget} MiB budget"] = me + ["--hydrax-run", "random", "--budget", str(budget)] + common
     if args.streaming:
@@ -184,12 +264,24 @@ def cases(args, endpoint: str) -> dict[str, list[str]]:
     return found
 
 
-def run_case(command: list[str], total: int) -> dict:
+def median_rate(results: dict[str, list[dict]], name: str) -> float | None:
+    """The median samples/s of the case ``name``, None when it did not run."""
+    return statistics.median(r["rate"] for r in results[name]) if results.get(name) else None
+
+
+def bytes_served(server: str) -> int:
+    """The object bytes ``server`` (rangeserver.py) has sent so far."""
+    with urllib.request.urlopen(server + "/.rangeserver-stats") as answer:
+        return json.load(answer)["bytes"]
+
+
+def run_case(command: list[str], total: int, server: str) -> dict:
     # The peers' local copies go to memory, as hydrax's read-ahead does: on a disk their
     # writeback would go on into the next run. What is written is flushed before the next.
     cache = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     if "run_peer.py" in command[1]:
         command = command + ["--cache", os.path.join(cache, "c")]
+    served = bytes_served(server)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
@@ -199,6 +291,7 @@ def run_case(command: list[str], total: int) -> dict:
     if done.returncode or not lines:
         raise RuntimeError(f"{' '.join(command[:4])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     record = json.loads(lines[-1])
+    record["fetched_bytes"] = bytes_served(server) - served
     distinct = record.get("distinct", record["samples"])
     # hydrax's batches are whole (the last partial batch of an epoch is dropped, as in 0.2.2)
     expected = total - total % 32 if "--hydrax-run" in command else total
@@ -220,15 +313,26 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between runs")
     parser.add_argument("--budgets", type=int, nargs="+", help="hydrax fully shuffled with these read-ahead budgets (MiB) too")
     parser.add_argument("--only", nargs="+", help="run only the cases whose names start with these")
+    parser.add_argument("--baseline", help="a checkout of an earlier hydrax (its _core built, or copied from this one): "
+                                           "its 'hydrax shardwise' cases run too, named '(baseline)'")
+    parser.add_argument("--step-iters", type=int, default=40_000,
+                        help="the training step's pure-Python loop (about 2-3 ms here) in the '+ training step' cases")
     # one run, in a new process (the harness starts these)
     parser.add_argument("--hydrax-run", choices=("shardwise", "random"), help=argparse.SUPPRESS)
     parser.add_argument("--jax-first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loaders", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--run-step-iters", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--hydrax-tree", help=argparse.SUPPRESS)
+    parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--webdataset-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--tars", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hydrax_run:
+        if args.hydrax_tree:  # an earlier hydrax, side by side (its workers inherit the path)
+            sys.path.insert(0, args.hydrax_tree)
         return hydrax_run(args)
     if args.webdataset_run:
         return webdataset_run(args)
@@ -248,8 +352,10 @@ def main() -> None:
         print(f"{args.shards} shards x {args.per_shard} samples x {args.sample_bytes:,} bytes ({size / 1e9:.2f} GB), "
               f"served by rangeserver.py behind netproxy.py, {os.cpu_count()} cores")
         print()
-        print("| delay | loader | samples/s | vs LitData | first batch | load average | runs (samples/s) |")
-        print("|---|---|---|---|---|---|---|")
+        print("| delay | loader | samples/s | vs webdataset | vs LitData | first batch | training process CPU s/GB "
+              "| fetched / data | load average | runs (samples/s) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        steps_table, cpu_table = [], []
         for delay, port in zip(args.delays, ports):
             named = cases(args, f"http://127.0.0.1:{port}")
             if args.only:
@@ -261,17 +367,48 @@ def main() -> None:
                 # (a run's teardown, the page cache it leaves), and settles first.
                 for name in order[repeat % len(order):] + order[: repeat % len(order)]:
                     time.sleep(args.settle)
-                    record = run_case(named[name], total)
+                    record = run_case(named[name], total, endpoint)
                     record["rate"] = record["samples"] / record["seconds"]
                     results[name].append(record)
-            base = statistics.median(r["rate"] for r in results.get("LitData", [])) if results.get("LitData") else None
+
+            lit, web = median_rate(results, "LitData"), median_rate(results, "webdataset, 1 process")
             for name, runs in results.items():
-                rate = statistics.median(r["rate"] for r in runs)
+                rate = median_rate(results, name)
                 first = statistics.median(r["first_batch_s"] for r in runs)
                 loads = ", ".join(f"{r['load_average']:.1f}" for r in runs)
-                ratio = f"{rate / base:.2f}x" if base else "-"
                 each = ", ".join(f"{r['rate']:,.0f}" for r in runs)
-                print(f"| {delay * 1000:.0f} ms | {name} | {rate:,.0f} | {ratio} | {first:.2f} s | {loads} | {each} |", flush=True)
+                cpu = (f"{statistics.median(r['training_cpu_s'] / r['delivered_bytes'] * 1e9 for r in runs):.2f}"
+                       if "training_cpu_s" in runs[0] else "-")
+                fetched = f"{statistics.median(r['fetched_bytes'] for r in runs) / size:.3f}x"
+                print(f"| {delay * 1000:.0f} ms | {name} | {rate:,.0f} | {f'{rate / web:.2f}x' if web else '-'} "
+                      f"| {f'{rate / lit:.2f}x' if lit else '-'} | {first:.2f} s | {cpu} | {fetched} | {loads} | {each} |", flush=True)
+                if runs[0].get("steps"):
+                    steps_table.append((delay, name, runs))
+                if "helpers_cpu_s" in runs[0]:
+                    cpu_table.append((delay, name, runs))
+        if cpu_table:
+            print("\nCPU seconds per GB delivered, by process kind (medians over runs; loaders together):\n")
+            print("| delay | hydrax | training process | training process after the first batch | fetch process "
+                  "| indexing processes | loaders |")
+            print("|---|---|---|---|---|---|---|")
+            for delay, name, runs in cpu_table:
+                def per_gb(kind, runs=runs):
+                    values = [(r["training_cpu_s"] if kind is None else r["helpers_cpu_s"].get(kind, 0.0))
+                              / r["delivered_bytes"] * 1e9 for r in runs]
+                    return f"{statistics.median(values):.2f}"
+                steady = statistics.median(r["training_cpu_steady_s"] / r["steady_bytes"] * 1e9 for r in runs)
+                print(f"| {delay * 1000:.0f} ms | {name} | {per_gb(None)} | {steady:.2f} | {per_gb('hydrax-fetch')} "
+                      f"| {per_gb('hydrax-index')} | {per_gb('hydrax-loader')} |")
+        if steps_table:
+            print("\nThe training step (fixed pure-Python work after each batch), milliseconds; medians over runs:\n")
+            print("| delay | beside | mean | p90 | p99 | load average |")
+            print("|---|---|---|---|---|---|")
+            for delay, name, runs in steps_table:
+                stats = [np.percentile(np.array(r["steps"]) * 1e3, [50, 90, 99]).tolist() + [1e3 * statistics.mean(r["steps"])]
+                         for r in runs]
+                mean, p90, p99 = (statistics.median(s[i] for s in stats) for i in (3, 1, 2))
+                loads = ", ".join(f"{r['load_average']:.1f}" for r in runs)
+                print(f"| {delay * 1000:.0f} ms | {name} | {mean:.2f} | {p90:.2f} | {p99:.2f} | {loads} |")
         budget = next((r.get("budget") for runs in results.values() for r in runs if r.get("budget")), None)
         if budget:
             print(f"\nhydrax chose: {budget}")

@@ -36,7 +36,9 @@ signing headers are ignored, so any access key works (boto3, obstore, LitData, M
 - errors are S3's XML (``<Error><Code>NoSuchKey</Code>...``), so clients map them.
 
 Not served: copies, tags, ACLs, versions, checksums (sent ones are ignored, none are returned).
-The server's own files (``.rangeserver-*``) are never listed or served.
+The server's own files (``.rangeserver-*``) are never listed or served. ``GET /.rangeserver-stats``
+answers ``{"bytes": N, "gets": M}``: the file bytes sent and the GETs answered with them so far
+(what a benchmark reports as bytes fetched).
 
 From Python::
 
@@ -60,6 +62,7 @@ import argparse
 import base64
 import email.utils
 import http.server
+import json
 import os
 import posixpath
 import re
@@ -216,6 +219,12 @@ class _Dechunked:
             if byte == b"\n":
                 break
         return bytes(line)
+
+
+#: The path of the server's byte count (see the module docstring).
+STATS_PATH = "/.rangeserver-stats"
+_SENT = {"bytes": 0, "gets": 0}
+_SENT_LOCK = threading.Lock()
 
 
 class RangeHandler(http.server.BaseHTTPRequestHandler):
@@ -383,6 +392,15 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             self._error(status, message=f"{type(exc).__name__}: {exc.strerror or exc}")
 
     def _get(self) -> None:
+        if self.path == STATS_PATH:
+            with _SENT_LOCK:
+                body = json.dumps(_SENT).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         path = self._path()
         if path is not None:
             self._answer(path)
@@ -796,6 +814,9 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(data)
                     remaining -= len(data)
                 sent = length - remaining
+            with _SENT_LOCK:
+                _SENT["bytes"] += sent
+                _SENT["gets"] += 1
             if sent < length:  # the file shrank under us: the framing is broken, drop the connection
                 self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):

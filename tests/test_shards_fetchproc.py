@@ -1,0 +1,132 @@
+"""hydrax.shards.fetchproc: read-ahead in a fetch process of its own, through real runs against a
+real S3 server behind the fault proxy."""
+
+import os
+import time
+
+import numpy as np
+
+from hydrax import Dataloader, DataGroup
+from hydrax.shards import ShardSet
+from support.timing import slack, slack_int
+from test_shards_remote import ARRAYS, load_sample, write_shards
+
+
+def fetch_processes() -> list:
+    """The read-ahead fetch processes of this (training) process that are running."""
+    import multiprocessing as mp
+
+    return [p for p in mp.active_children() if p.name == "hydrax-fetch"]
+
+
+def test_remote_reads_come_from_a_fetch_process_not_the_training_process(proxied, tmp_path, monkeypatch):
+    """The training process only announces: no store of its own reads a byte during the epoch,
+    while a fetch process (a child from the fork server) reads ahead; every sample comes once.
+    With the ShardSet gone, neither the process nor the private folder is left."""
+    import gc
+
+    from hydrax.shards import shardset as shardset_module
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    total = sum(e.size for e in map(dataset.shard_entry, range(6)))
+    used_here: list[str] = []
+    real_store_for = shardset_module.store_for
+    monkeypatch.setattr(shardset_module, "store_for", lambda url, opts: used_here.append(url) or real_store_for(url, opts))
+    proxy.clear()
+    seen, fetchers = [], set()
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            fetchers.update(p.pid for p in fetch_processes())
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+    assert sorted(seen) == list(range(120))
+    assert fetchers and os.getpid() not in fetchers
+    assert used_here == []  # the training process made no store, so no request, of its own
+    stats = dataset.readahead_stats
+    assert stats["requests"] > 0 and 0.8 * total < stats["bytes"] <= proxy.stats()["body_bytes_down"]
+    # A run that ended leaves no fetch process behind, even while its ShardSet lives on.
+    deadline = time.monotonic() + slack(10)
+    while fetch_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not fetch_processes() and dataset.readahead_stats["bytes"] == stats["bytes"]
+    root = dataset._root
+    del dataset, groups, loader
+    gc.collect()
+    assert not os.path.exists(root) and not fetch_processes()
+
+
+def run_killing_the_fetch_process(dataset, on_kill=lambda: None) -> tuple[list, list, float]:
+    """One shuffled epoch of ``dataset`` (10-sample batches, 2 loaders) in which the fetch process
+    is SIGKILLed after the first batch that finds it running (``on_kill`` is then called);
+    (the samples' classes delivered, the pids killed, the seconds from the kill to the run's end)."""
+    import signal
+
+    seen, killed, after = [], [], time.monotonic()
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+            if not killed and (found := fetch_processes()):
+                killed = [p.pid for p in found]
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+                after = time.monotonic()
+                on_kill()
+    return seen, killed, time.monotonic() - after
+
+
+def test_a_killed_fetch_process_is_replaced_and_every_sample_still_comes_once(proxied, tmp_path, caplog):
+    """SIGKILL to the fetch process mid-run: a new one takes over the announced batches; workers
+    waiting for a file the dead one was writing read the sample themselves at once (they check
+    the writer lives), so the run neither hangs nor waits WAIT_S per sample."""
+    from hydrax.shards.readahead import WAIT_S
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.delay = 0.2  # requests in flight (their files half-written) when the process is killed
+    with caplog.at_level("WARNING", logger="hydrax.shards.fetchproc"):
+        seen, killed, took = run_killing_the_fetch_process(dataset)
+    assert killed and sorted(seen) == list(range(240))
+    assert took < slack(WAIT_S / 2), f"{took:.1f} s after the kill"
+    assert "fetch process died" in caplog.text
+    assert dataset.readahead_stats["requests"] > 0
+    dataset.close()
+    assert not fetch_processes()
+
+
+def test_with_fork_started_workers_read_ahead_stays_a_thread(monkeypatch, tmp_path):
+    """Where workers are forked (no fork server), read-ahead runs as a thread, as before."""
+    from hydrax.processes import helpers_allowed
+    from hydrax.shards.fetchproc import make_fetcher
+    from hydrax.shards.readahead import ReadAhead
+
+    monkeypatch.setenv("HYDRAX_START_METHOD", "fork")
+    assert not helpers_allowed()
+    assert make_fetcher(None, ReadAhead(), str(tmp_path), {"x": 1}, lambda held: ("thread", held)) == ("thread", {"x": 1})
+    monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")
+    assert helpers_allowed()
+
+
+def test_a_thread_takes_over_from_fetch_processes_that_keep_dying(proxied, tmp_path, caplog, monkeypatch):
+    """Past MAX_RESTARTS deaths, read-ahead goes on in a thread of the training process with the
+    batches still announced (not a ranged request per sample): every sample comes once."""
+    from hydrax.shards import fetchproc
+
+    monkeypatch.setattr(fetchproc, "MAX_RESTARTS", 0)
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.delay = 0.05
+    with caplog.at_level("WARNING", logger="hydrax.shards.fetchproc"):
+        seen, killed, _ = run_killing_the_fetch_process(dataset, proxy.clear)
+    assert killed and sorted(seen) == list(range(240))
+    assert "a thread of the training process reads ahead" in caplog.text
+    assert not fetch_processes()  # none was started again
+    ranged = proxy.requests_matching(r"\.tar$", method="GET", ranged=True)
+    assert ranged and len(ranged) < 240 / 4  # chunks and coalesced runs, not a request per sample
+    dataset.close()
