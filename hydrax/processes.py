@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -30,6 +31,8 @@ import tempfile
 import threading
 import types
 from typing import Mapping, Sequence
+
+log = logging.getLogger(__name__)
 
 #: The name of each run's pipeline thread (see :mod:`hydrax.pipeline`): while one runs, it may be
 #: initialising JAX, so no process may be forked.
@@ -48,6 +51,7 @@ def jax_backend_live() -> bool:
 
 
 _fork_hazards: set[str] = set()
+_warned_hazards: list[bool] = []  # whether forcing fork despite them was warned of
 
 
 def note_fork_hazard(what: str) -> None:
@@ -63,12 +67,21 @@ def note_fork_hazard(what: str) -> None:
 def start_method() -> str:
     """``"fork"`` when that is safe here, else ``"forkserver"``.
 
-    The environment variable ``HYDRAX_START_METHOD`` (``fork`` or ``forkserver``) overrides the choice.
+    The environment variable ``HYDRAX_START_METHOD`` (``fork`` or ``forkserver``) overrides the
+    choice; ``fork`` where a fork hazard was noted (see :func:`note_fork_hazard`) logs a warning
+    once (workers that make remote requests would hang; those of local data do not).
     """
     forced = os.environ.get("HYDRAX_START_METHOD", "")
     if forced:
         if forced not in ("fork", "forkserver"):
             raise ValueError(f"HYDRAX_START_METHOD must be 'fork' or 'forkserver', got {forced!r}")
+        if forced == "fork" and _fork_hazards and not _warned_hazards:
+            # Not an error: workers of local data never make requests, and fork serves them well.
+            _warned_hazards.append(True)
+            log.warning("[hydrax] HYDRAX_START_METHOD=fork, but this process runs %s, which a forked worker does not "
+                        "inherit: a worker that makes remote requests will hang on its first one. Unset "
+                        "HYDRAX_START_METHOD (or set it to 'forkserver') to read remote shards.",
+                        " and ".join(sorted(_fork_hazards)))
         return forced
     # Another run's pipeline thread may be initialising JAX at this very moment: no fork then either.
     busy = any(t.name == PIPELINE_THREAD for t in threading.enumerate())

@@ -19,10 +19,12 @@ def child_is_worker(queue):
     queue.put(is_worker())
 
 
-def run_python(code: str, cwd=None, env=None) -> str:
+def run_python(code: str, cwd=None, env=None, stderr: list | None = None) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**{k: v for k, v in os.environ.items() if k != "HYDRAX_START_METHOD"}, **(env or {})})
     assert done.returncode == 0, done.stderr
+    if stderr is not None:
+        stderr.append(done.stderr)
     return done.stdout.strip()
 
 
@@ -42,6 +44,23 @@ def test_fork_while_no_jax_backend_or_other_hazard_is_live_then_the_fork_server(
         jnp.zeros(1).block_until_ready()
         print(start_method())
     """) == "forkserver"
+
+
+def test_fork_forced_where_forked_workers_would_hang_is_warned_of_once_naming_the_hazard():
+    """Remote shards read in this process (obstore's threads) and HYDRAX_START_METHOD=fork: a
+    worker that makes requests would hang, so the choice is logged as a warning, once."""
+    out = run_python("""
+        import logging, os
+        from hydrax.processes import note_fork_hazard, start_method
+        logging.basicConfig(format="%(levelname)s %(message)s")
+        os.environ["HYDRAX_START_METHOD"] = "fork"
+        print(start_method(), flush=True)
+        note_fork_hazard("obstore's request threads")
+        print(start_method(), start_method(), flush=True)
+    """, stderr=(said := []))
+    assert out.splitlines() == ["fork", "fork fork"]
+    warnings = [line for line in said[0].splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "obstore's request threads" in warnings[0] and "forkserver" in warnings[0]
 
 
 @pytest.mark.slow

@@ -611,7 +611,8 @@ def test_the_private_readahead_folder_goes_with_its_shardset_and_after_a_killed_
     child.send_signal(signal.SIGKILL)
     child.wait()
     child.stdout.close()
-    assert os.path.isdir(left)
+    # (Not checked to be there first: any process making a folder meanwhile, as a test beside this
+    # one or its fork server at exit does, may sweep it already.)
     fresh = private_root()
     assert not os.path.exists(left)
     os.rmdir(fresh)
