@@ -33,7 +33,7 @@ import numpy as np
 
 from ..processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
-from .readahead import Fetcher, ReadAhead, held_files
+from .readahead import EMPTY_STATS, Fetcher, ReadAhead, held_files
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ READY_WAIT_S = 10.0
 STATS_WAIT_S = 10.0
 #: How long :meth:`FetchProcess.close` waits for the fetch process to end before killing it.
 CLOSE_WAIT_S = 5.0
-_EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
 
 
 def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
@@ -85,8 +84,8 @@ class FetchProcess:
         self._payload = pickle.dumps(shards, protocol=pickle.HIGHEST_PROTOCOL)
         self._announced: dict[Any, tuple] = {}  # announced, not released: handed to a new process
         self._restarts = 0
-        self._base = dict(_EMPTY_STATS)  # what earlier processes counted
-        self._last = dict(_EMPTY_STATS)
+        self._base = dict(EMPTY_STATS)  # what earlier processes counted
+        self._last = dict(EMPTY_STATS)
         self._checked = 0.0
         self._closed = False
         self._lock = threading.Lock()  # between announcing and the sending thread's idle end
@@ -218,7 +217,7 @@ class FetchProcess:
         self._replies.close()
         for name, value in self._last.items():
             self._base[name] = max(self._base[name], value) if name == "held_peak" else self._base[name] + value
-        self._last = dict(_EMPTY_STATS)
+        self._last = dict(EMPTY_STATS)
         self._process = None
 
     def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:

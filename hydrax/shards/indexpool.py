@@ -17,6 +17,7 @@ warning.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -100,7 +101,7 @@ def _collect(children: list, entries: list[ShardEntry], indexes: list, seeder: C
             except (EOFError, OSError):
                 child = waiting.pop(receive)
                 child.join()
-                if child.exitcode:
+                if child.exitcode and failure is None:  # not one set-up killed for another's error
                     log.warning("[hydrax] an indexing process died (exit code %s); set-up indexes its shards itself",
                                 child.exitcode)
                 continue
@@ -138,7 +139,9 @@ def index_main(share: list[tuple[int, ShardEntry]], options: StoreOptions, root:
     def sink(entry: ShardEntry, data, index: ShardIndex) -> None:
         before = len(seeder.held)
         seeder.add(entry.url, entry.version or index.etag, *index.sample_spans(), data)
-        kept[entry.url] = dict(list(seeder.held.items())[before:])
+        # the files just added, the last of held (read from its end: thousands of shards per child)
+        added = list(itertools.islice(reversed(seeder.held.items()), len(seeder.held) - before))
+        kept[entry.url] = dict(reversed(added))  # in the order written: the oldest is evicted first
 
     async def one(position: int, entry: ShardEntry) -> None:
         index = await build_index_async(entry, store_for(entry.url, options), sink if seeder is not None else None)

@@ -319,6 +319,8 @@ def sweep_dead_roots() -> None:
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
+#: A :class:`Fetcher`'s statistics before it has done anything (see ``ShardSet.readahead_stats``).
+EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
 #: The file in a read-ahead folder that names the process writing its files (its pid), so that a
 #: worker waiting for a file being written stops waiting when that process is gone.
 WRITER_FILE = ".writer"
@@ -345,21 +347,22 @@ def writer_alive(root: str) -> bool:
     return process_alive(pid)
 
 
-def held_files(root: str) -> dict[str, int]:
+def held_files(root: str, stale_s: float = 0.0) -> dict[str, int]:
     """``path -> size`` of the complete files under ``root``, oldest first; the temporary files
-    there are removed (a fetch process started again after another died finds what that one wrote
-    whole, and what it left half-written)."""
+    there older than ``stale_s`` seconds are removed. With 0, all of them: a fetch process started
+    again after another died keeps what that one wrote whole, and drops what it left half-written.
+    A persistent cache passes :data:`STALE_PART_S`, as another live process may be writing there."""
     found = []
     for folder in os.scandir(root) if os.path.isdir(root) else ():
         if not folder.is_dir():
             continue
         for entry in os.scandir(folder.path):
             try:
-                if entry.name.startswith("."):
-                    os.unlink(entry.path)
-                else:
-                    stat = entry.stat()
+                stat = entry.stat()
+                if not entry.name.startswith("."):
                     found.append((stat.st_mtime_ns, entry.path, stat.st_size))
+                elif time.time() - stat.st_mtime >= stale_s:
+                    os.unlink(entry.path)
             except OSError:
                 pass
     return {path: size for _, path, size in sorted(found)}
@@ -502,7 +505,7 @@ class Fetcher:
         self._queue: list[tuple[int, int, int]] = []  # heap of (rank of the first batch needing it, shard, chunk)
         self._urgent_left = 0
         self._urgent_until = 0
-        self.stats = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
+        self.stats = dict(EMPTY_STATS)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._room: asyncio.Condition | None = None
@@ -946,23 +949,8 @@ class Fetcher:
 
     def _adopt_existing(self) -> None:
         """Count what a persistent cache already holds (oldest first), so the cap applies to it."""
-        found = []
-        for folder in os.scandir(self.root) if os.path.isdir(self.root) else ():
-            if not folder.is_dir():
-                continue
-            for entry in os.scandir(folder.path):
-                if entry.name.startswith("."):
-                    try:
-                        if time.time() - entry.stat().st_mtime > STALE_PART_S:
-                            os.unlink(entry.path)  # left by a killed process (a live one writes to it)
-                    except OSError:
-                        pass
-                    continue
-                stat = entry.stat()
-                found.append((stat.st_mtime_ns, entry.path, stat.st_size))
-        found.sort()
-        self._foreign = OrderedDict((path, size) for _, path, size in found)
-        self._bytes = sum(size for _, _, size in found)
+        self._foreign = OrderedDict(held_files(self.root, STALE_PART_S))  # stale parts: left by a killed process
+        self._bytes = sum(self._foreign.values())
         if self._bytes > self.options.max_bytes:
             self._trim_foreign(self._bytes - self.options.max_bytes)
 

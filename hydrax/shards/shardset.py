@@ -55,7 +55,7 @@ from .indexfile import ShardIndex
 from .setindex import SetIndex
 from .fetchproc import make_fetcher
 from .indexpool import index_in_processes, pool_size
-from .readahead import (Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
+from .readahead import (EMPTY_STATS, Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
                         finalizer, host_room, private_root, remove_private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
@@ -480,8 +480,7 @@ class ShardSet(Sequence["SampleRef"]):
         them (``reused``: kept by set-up from the shards it read to index them, left in a
         persistent cache by an earlier run, or by an earlier run's fetch process) and the budget
         (``budget``, 0 without read-ahead)."""
-        stats = dict(self._fetcher.stats) if self._fetcher is not None else {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0,
-                                                                            "held_peak": 0, "reused": 0}
+        stats = dict(self._fetcher.stats if self._fetcher is not None else EMPTY_STATS)
         stats["budget"] = self._budget.bytes if self._budget is not None else 0
         return stats
 
