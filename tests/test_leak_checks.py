@@ -29,8 +29,11 @@ def test_an_entry_another_job_creates_is_not_ours_and_one_we_create_is():
         wait_until(lambda: os.path.exists(f"{SHM}/{name}"))
         other = next(pid for pid in _pids_with_arg(name))
         assert other not in descendants()  # not a process of this test run
-        mine.close()  # no longer held by us: only the watch can tell it is ours
+        # Seen by the watch while we hold it (its thread checks holders when it reads the event,
+        # which on a busy machine may come after a close); then no longer held by us: only the
+        # watch can tell it is ours.
         wait_until(lambda: mine.name in watch.ours)
+        mine.close()
         assert watch.created_by_us({name, mine.name}) == {mine.name}
     finally:
         watch.close()
