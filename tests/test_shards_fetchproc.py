@@ -5,6 +5,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from hydrax import Dataloader, DataGroup
 from hydrax.shards import ShardSet
@@ -58,10 +59,11 @@ def test_remote_reads_come_from_a_fetch_process_not_the_training_process(proxied
     assert not os.path.exists(root) and not fetch_processes()
 
 
-def run_killing_the_fetch_process(dataset, on_kill=lambda: None) -> tuple[list, list, float]:
+def run_killing_the_fetch_process(dataset, on_kill=lambda: None, only_one: bool = False) -> tuple[list, list, float]:
     """One shuffled epoch of ``dataset`` (10-sample batches, 2 loaders) in which the fetch process
-    is SIGKILLed after the first batch that finds it running (``on_kill`` is then called);
-    (the samples' classes delivered, the pids killed, the seconds from the kill to the run's end)."""
+    (or, ``only_one``, one of a pool's) is SIGKILLed after the first batch that finds it running
+    (``on_kill`` is then called); (the samples' classes delivered, the pids killed, the seconds
+    from the kill to the run's end)."""
     import signal
 
     seen, killed, after = [], [], time.monotonic()
@@ -71,7 +73,7 @@ def run_killing_the_fetch_process(dataset, on_kill=lambda: None) -> tuple[list, 
             seen.extend(np.asarray(batch.arrays["cls"]).tolist())
             del batch
             if not killed and (found := fetch_processes()):
-                killed = [p.pid for p in found]
+                killed = [p.pid for p in found][: 1 if only_one else None]
                 for pid in killed:
                     os.kill(pid, signal.SIGKILL)
                 after = time.monotonic()
@@ -79,24 +81,89 @@ def run_killing_the_fetch_process(dataset, on_kill=lambda: None) -> tuple[list, 
     return seen, killed, time.monotonic() - after
 
 
-def test_a_killed_fetch_process_is_replaced_and_every_sample_still_comes_once(proxied, tmp_path, caplog):
-    """SIGKILL to the fetch process mid-run: a new one takes over the announced batches; workers
-    waiting for a file the dead one was writing read the sample themselves at once (they check
-    the writer lives), so the run neither hangs nor waits WAIT_S per sample."""
-    from hydrax.shards.readahead import WAIT_S
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_killed_fetch_process_is_replaced_and_every_sample_still_comes_once(proxied, tmp_path, caplog, processes):
+    """SIGKILL to the fetch process (to one of a pool of 3) mid-run: a new one takes over its
+    announced batches; workers waiting for a file the dead one was writing read the sample
+    themselves at once (they check the shard folder's writer lives), so the run neither hangs nor
+    waits WAIT_S per sample."""
+    from hydrax.shards.readahead import WAIT_S, ReadAhead
 
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
-    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(fetch_processes=processes))
     proxy.delay = 0.2  # requests in flight (their files half-written) when the process is killed
     with caplog.at_level("WARNING", logger="hydrax.shards.fetchproc"):
-        seen, killed, took = run_killing_the_fetch_process(dataset)
+        seen, killed, took = run_killing_the_fetch_process(dataset, only_one=processes > 1)
     assert killed and sorted(seen) == list(range(240))
     assert took < slack(WAIT_S / 2), f"{took:.1f} s after the kill"
     assert "fetch process died" in caplog.text
     assert dataset.readahead_stats["requests"] > 0
     dataset.close()
     assert not fetch_processes()
+
+
+def test_a_pool_of_fetch_processes_splits_the_shards_each_folder_with_one_writer(proxied, tmp_path):
+    """ReadAhead(fetch_processes=3): three fetch processes read ahead together, each the shards
+    its hash gives it (each shard folder names one writer, the one the hash chose), within its
+    share of the budget; every sample comes once, each chunk is fetched once, and the training
+    process reads nothing itself."""
+    import zlib
+
+    from hydrax.shards.readahead import ReadAhead, ShardLayout, folder_writer
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=8, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(fetch_processes=3))
+    total = sum(e.size for e in map(dataset.shard_entry, range(8)))
+    proxy.clear()
+    seen, pids = [], set()
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_later="shardwise")
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            pids.update(p.pid for p in fetch_processes())
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+        writers = {}
+        for shard, url in enumerate(dataset.urls):
+            layout = dataset.layout(shard)
+            writers[shard] = folder_writer(ShardLayout(url, layout.version, layout.starts, layout.ends, dataset._root).directory)
+    assert sorted(seen) == list(range(320))
+    assert len(pids) == 3
+    owner_pid = {}
+    for shard, url in enumerate(dataset.urls):  # one writer per owner, and a different one for each owner
+        assert writers[shard] in pids
+        assert owner_pid.setdefault(zlib.crc32(url.encode()) % 3, writers[shard]) == writers[shard]
+    assert len(set(owner_pid.values())) == len(owner_pid)
+    stats = dataset.readahead_stats
+    assert stats["bytes"] <= proxy.stats()["body_bytes_down"] and stats["bytes"] < 1.2 * total
+    dataset.close()
+    assert not fetch_processes()
+
+
+def test_the_pool_size_grows_with_the_host_and_its_budget_splits_by_bytes():
+    """One fetch process per CORES_PER_FETCH_PROCESS cores, at most MAX_FETCH_PROCESSES and one
+    per shard; one for a persistent cache; shares of the budget follow the bytes of each's shards."""
+    from hydrax.shards.fetchproc import budget_shares, shard_owners
+    from hydrax.shards.readahead import CORES_PER_FETCH_PROCESS, MAX_FETCH_PROCESSES, MIN_BUDGET, ReadAhead, fetch_process_count
+
+    assert (CORES_PER_FETCH_PROCESS, MAX_FETCH_PROCESSES) == (8, 32)  # what the storage guide states
+    assert [fetch_process_count(ReadAhead(), 1000, cores) for cores in (2, 15, 16, 64, 224, 512)] == [1, 1, 2, 8, 28, 32]
+    assert fetch_process_count(ReadAhead(), 3, 224) == 3
+    assert fetch_process_count(ReadAhead(fetch_processes=5), 1000, 2) == 5
+    assert fetch_process_count(ReadAhead(fetch_processes=5, cache_dir="/tmp/x"), 1000, 224) == 1
+    with pytest.raises(ValueError, match="fetch_processes"):
+        ReadAhead(fetch_processes=0)
+    urls = [f"s3://b/{i}.tar" for i in range(1000)]
+    owners = shard_owners(urls, 4)
+    assert np.array_equal(owners, shard_owners(list(reversed(urls)), 4)[::-1])  # by URL, not position
+    assert all(150 < n < 350 for n in np.bincount(owners, minlength=4))
+    sizes = np.where(owners == 0, 3_000_000, 1_000_000)
+    shares = budget_shares(6_000_000_000, owners, sizes, 4)
+    held = [int(sizes[owners == i].sum()) for i in range(4)]
+    for share, part in zip(shares, held):
+        assert abs(share / 6e9 - part / sizes.sum()) < 1e-6
+    assert min(budget_shares(100, owners, sizes, 4)) == MIN_BUDGET // 4
 
 
 def test_with_fork_started_workers_read_ahead_stays_a_thread(monkeypatch, tmp_path):
@@ -107,7 +174,7 @@ def test_with_fork_started_workers_read_ahead_stays_a_thread(monkeypatch, tmp_pa
 
     monkeypatch.setenv("HYDRAX_START_METHOD", "fork")
     assert not helpers_allowed()
-    assert make_fetcher(None, ReadAhead(), str(tmp_path), {"x": 1}, lambda held: ("thread", held)) == ("thread", {"x": 1})
+    assert make_fetcher(None, ReadAhead(), str(tmp_path), {"x": 1}, lambda options, held: ("thread", held)) == ("thread", {"x": 1})
     monkeypatch.setenv("HYDRAX_START_METHOD", "forkserver")
     assert helpers_allowed()
 

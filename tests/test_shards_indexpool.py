@@ -36,15 +36,19 @@ def indexing_processes() -> list:
     return [p for p in mp.active_children() if p.name.startswith("hydrax-index-")]
 
 
-def test_indexing_processes_read_each_shard_once_and_their_bytes_become_the_read_ahead(proxied, tmp_path, pooled):
+@pytest.mark.parametrize("fetchers", [1, 3])
+def test_indexing_processes_read_each_shard_once_and_their_bytes_become_the_read_ahead(proxied, tmp_path, pooled, fetchers):
     """No shard byte passes through the training process at set-up: the children read each
     shard whole once, send its index (the same as one built here) and keep its chunk files, so
-    set-up and the first (shuffled) epoch fetch the data about once; no child is left."""
+    set-up and the first (shuffled) epoch fetch the data about once; no child is left. With a
+    pool of 3 fetch processes, each is given the kept files of its own shards."""
+    from hydrax.shards.readahead import ReadAhead
+
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=6, indexes=False)
     total = sum(client.head_object(Bucket="data", Key=u[len("s3://data/"):])["ContentLength"] for u in urls)
     proxy.clear()
-    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(fetch_processes=fetchers))
     assert pooled == [] and not indexing_processes()
     assert len(proxy.requests_matching(r"\.tar$", method="GET")) == 6
     here = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache2"), readahead=None, write_index=False)

@@ -114,8 +114,9 @@ def test_bytes_read_to_index_a_shard_become_the_chunk_files_workers_find_within_
 
 def test_a_worker_stops_waiting_for_a_file_whose_writer_died_and_a_new_writer_clears_it(tmp_path):
     """A fetch process killed mid-write leaves a temporary file no one will finish: a worker that
-    needs it reads the sample itself at once (the folder names its writer, which is dead), not
-    after WAIT_S; the fetch process started next keeps the complete files and removes the rest."""
+    needs it reads the sample itself at once (the shard's folder names its writer, which is dead),
+    not after WAIT_S; the fetch process started next keeps the complete files and removes the
+    rest, in the folders its predecessor wrote only: a sibling of a pool writes the others."""
     import subprocess
     import sys
     import time
@@ -128,19 +129,22 @@ def test_a_worker_stops_waiting_for_a_file_whose_writer_died_and_a_new_writer_cl
 
     root = tmp_path / "readahead"
     layout = ShardLayout("s3://b/x.tar", "v1", np.array([0, 10_000_000]), np.array([9_000_000, 18_000_000]), str(root))
-    os.makedirs(layout.directory)
+    sibling = ShardLayout("s3://b/y.tar", "v1", np.array([0]), np.array([100]), str(root))
+    claim_writer(layout.directory)
+    claim_writer(sibling.directory)
     (Path(layout.directory) / part_name(chunk_name(1))).write_bytes(b"")
     (Path(layout.directory) / chunk_name(0)).write_bytes(b"x" * 9_000_000)
-    claim_writer(str(root))
-    assert writer_alive(str(root))  # this process
+    (Path(sibling.directory) / part_name(chunk_name(0))).write_bytes(b"")  # a live sibling's file on its way
+    assert writer_alive(layout.directory)  # this process
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (root / WRITER_FILE).write_text(str(dead.pid))
-    assert not writer_alive(str(root))
+    (Path(layout.directory) / WRITER_FILE).write_text(str(dead.pid))
+    assert not writer_alive(layout.directory) and writer_alive(sibling.directory)
     started = time.monotonic()
     assert LocalFiles().find(layout, 1) is None
     assert time.monotonic() - started < slack(2)
     assert LocalFiles().find(layout, 0)[1] == 0  # a complete chunk is found as ever
-    held = held_files(str(root))
+    held = held_files(str(root), writers={dead.pid})
     assert held == {os.path.join(layout.directory, chunk_name(0)): 9_000_000}
+    assert os.path.exists(os.path.join(sibling.directory, part_name(chunk_name(0))))
     assert not os.path.exists(os.path.join(layout.directory, part_name(chunk_name(1))))

@@ -10,30 +10,38 @@ and releases (a few small arrays per batch, handed to a sending thread: it never
 child) and asks for the statistics; no byte fetched passes through it.
 
 A fetch process that dies is started again (up to :data:`MAX_RESTARTS` times) with the batches
-still announced; the new one counts what the folder holds and removes what the dead one left
-half-written. After that, a thread of the training process takes over the read-ahead the same way. Workers waiting for a file being written check that its writer is alive (see
-:func:`~hydrax.shards.readahead.writer_alive`), so a dead fetch process never makes them wait
-:data:`~hydrax.shards.readahead.WAIT_S` per sample. :func:`make_fetcher` chooses between the
-process and the thread, in one place.
+still announced; the new one counts what the dead one wrote whole (in the shard folders that
+name it their writer) and removes what it left half-written. After that, a thread of the
+training process takes over the read-ahead the same way. Workers waiting for a file being
+written check that its writer is alive (see :func:`~hydrax.shards.readahead.writer_alive`), so
+a dead fetch process never makes them wait :data:`~hydrax.shards.readahead.WAIT_S` per sample.
+
+A :class:`FetchPool` runs several fetch processes, each reading ahead the shards a hash of their
+URL gives it (:func:`shard_owners`) with its share of the budget (:func:`budget_shares`), so the
+read-ahead grows with the host (how many: :func:`~hydrax.shards.readahead.fetch_process_count`).
+:func:`make_fetcher` chooses between the pool, the process and the thread, in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import pickle
 import queue
 import signal
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 import numpy as np
 
 from ..processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
-from .readahead import EMPTY_STATS, Fetcher, ReadAhead, held_files
+from .readahead import EMPTY_STATS, MIN_BUDGET, Fetcher, ReadAhead, held_files
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +58,60 @@ READY_WAIT_S = 10.0
 STATS_WAIT_S = 10.0
 #: How long :meth:`FetchProcess.close` waits for the fetch process to end before killing it.
 CLOSE_WAIT_S = 5.0
+#: The messages the sending thread gathers into one (see :meth:`Fetcher.update <hydrax.shards.readahead.Fetcher.update>`).
+UPDATES = ("announce", "release")
+
+
+ThreadFetcher = Callable[[ReadAhead, "dict[str, int] | None"], Fetcher]
 
 
 def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
-                 thread_fetcher: Callable[[dict[str, int] | None], Fetcher]) -> Any:
-    """The read-ahead of ``shards`` (a ShardSet, whose pickle the fetch process gets): a
-    :class:`FetchProcess` where :func:`~hydrax.processes.helpers_allowed` allows it and it starts, else the
-    Fetcher thread ``thread_fetcher(held)`` makes (which also takes over from fetch processes
-    that keep dying, given the files the folder holds then)."""
+                 thread_fetcher: ThreadFetcher, count: int = 1, sizes: np.ndarray | None = None,
+                 held_urls: dict[str, str] | None = None) -> Any:
+    """The read-ahead of ``shards`` (a ShardSet, whose pickle each fetch process gets): a
+    :class:`FetchProcess`, or a :class:`FetchPool` of ``count`` of them (``sizes``: the shards'
+    bytes; ``held_urls``: the shard URL of each folder of the files ``held``), where
+    :func:`~hydrax.processes.helpers_allowed` allows it and they start; else the Fetcher thread
+    ``thread_fetcher(options, held)`` makes (which also takes over from a fetch process that
+    keeps dying, given the files it held)."""
     if helpers_allowed():
         try:
+            if count > 1:
+                return FetchPool(shards, options, root, held, thread_fetcher, count, sizes, held_urls or {})
             return FetchProcess(shards, options, root, held, thread_fetcher)
         except Exception as exc:  # noqa: BLE001  (any failure to start: the thread still reads ahead)
             log.warning("[hydrax] read-ahead runs in the training process (its fetch process did not start: %s)", exc)
-    return thread_fetcher(held)
+    return thread_fetcher(options, held)
+
+
+def shard_owner(url: str, count: int) -> int:
+    """Which of ``count`` fetch processes reads ahead the shard ``url``: by a hash of the URL, so
+    that a shard named twice has one writer, and its folder one :data:`~hydrax.shards.readahead.WRITER_FILE`."""
+    return zlib.crc32(url.encode()) % count
+
+
+def shard_owners(urls: list[str], count: int) -> np.ndarray:
+    """:func:`shard_owner` of each of ``urls``."""
+    return np.fromiter((shard_owner(url, count) for url in urls), np.int64, len(urls))
+
+
+def budget_shares(total: int, owners: np.ndarray, sizes: np.ndarray | None, count: int) -> list[int]:
+    """Each fetch process's share of the budget ``total``: in proportion to the bytes of the
+    shards it reads ahead (a budget that holds the data holds each one's part of it), at least
+    :data:`~hydrax.shards.readahead.MIN_BUDGET` // ``count``."""
+    weights = np.bincount(owners, weights=None if sizes is None else np.maximum(sizes, 1).astype(np.float64),
+                          minlength=count).astype(np.float64)
+    weights /= max(weights.sum(), 1.0)
+    return [max(MIN_BUDGET // count, int(total * w)) for w in weights]
+
+
+def rescanned(root: str, seeded: dict[str, int], writers: set[int]) -> dict[str, int]:
+    """The files a fetch process started again (or the thread taking over) holds from the start:
+    those set-up kept for its shards that are still there, and the complete files of the folders
+    its earlier processes (``writers``) wrote to, whose half-written files are removed."""
+    held = {path: size for path, size in seeded.items() if os.path.exists(path)}
+    held.update(held_files(root, 0.0, writers))
+    return held
 
 
 class FetchProcess:
@@ -76,50 +124,61 @@ class FetchProcess:
     """
 
     def __init__(self, shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
-                 fallback: Callable[[dict[str, int] | None], Fetcher] | None = None) -> None:
+                 fallback: ThreadFetcher | None = None, payload: bytes | None = None, wait: bool = True) -> None:
         self.options = options
         self._fallback = fallback  # makes the thread that reads ahead once fetch processes keep dying
         self._thread: Fetcher | None = None
         self.root = root
-        self._payload = pickle.dumps(shards, protocol=pickle.HIGHEST_PROTOCOL)
+        self._payload = payload or pickle.dumps(shards, protocol=pickle.HIGHEST_PROTOCOL)
+        self._seeded = dict(held or {})  # what set-up kept of its shards: held from the start
+        self._writers: set[int] = set()  # this read-ahead's earlier fetch processes
         self._announced: dict[Any, tuple] = {}  # announced, not released: handed to a new process
         self._restarts = 0
         self._base = dict(EMPTY_STATS)  # what earlier processes counted
         self._last = dict(EMPTY_STATS)
         self._checked = 0.0
-        self._closed = False
+        self._closed = False  # no more fetch processes start (closing, or a thread took over)
+        self._ending = False
         self._lock = threading.Lock()  # between announcing and the sending thread's idle end
         self._stats_lock = threading.Lock()
         self._serial = itertools.count(1)
         self._process = None
-        self._start(held, rescan=False)
+        self._start()
+        if wait:
+            self.wait_ready()
 
-    def _start(self, held: dict[str, int] | None, rescan: bool) -> None:
+    def _start(self) -> None:
         """Start a fetch process and its sending thread."""
         warm_forkserver(main_imports=False)
         ctx = mp.get_context("forkserver")
         commands_r, commands_w = ctx.Pipe(duplex=False)
         replies_r, replies_w = ctx.Pipe(duplex=False)
         process = ctx.Process(target=fetch_main, name="hydrax-fetch", daemon=True,
-                              args=(self._payload, self.options, self.root, held, rescan, commands_r, replies_w,
-                                    environment_snapshot()))
+                              args=(self._payload, self.options, self.root, self._seeded, set(self._writers),
+                                    commands_r, replies_w, environment_snapshot()))
         process.start()
+        self._writers.add(process.pid)
         commands_r.close()
         replies_w.close()
-        # Wait until it is ready: workers that start before it would read the first batches'
-        # samples themselves, and it would fetch their chunks again.
-        try:
-            if replies_r.poll(READY_WAIT_S):
-                replies_r.recv()
-            else:
-                log.warning("[hydrax] the read-ahead fetch process took more than %.0f s to start; going on", READY_WAIT_S)
-        except (EOFError, OSError):
-            pass  # it died at once: the first check starts another
-        self._process, self._replies = process, replies_r
+        self._process, self._replies, self._ready = process, replies_r, False
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._broken = self._idle = False
         self._sender = threading.Thread(target=self._send_loop, args=(self._outbox, commands_w), name="hydrax-fetch-send", daemon=True)
         self._sender.start()
+
+    def wait_ready(self) -> None:
+        """Wait until the fetch process is ready: workers that start before it would read the
+        first batches' samples themselves, and it would fetch their chunks again."""
+        if self._ready or self._process is None:
+            return
+        self._ready = True
+        try:
+            if self._replies.poll(READY_WAIT_S):
+                self._replies.recv()
+            else:
+                log.warning("[hydrax] the read-ahead fetch process took more than %.0f s to start; going on", READY_WAIT_S)
+        except (EOFError, OSError):
+            pass  # it died at once: the first check starts another
 
     def _send_loop(self, outbox: queue.SimpleQueue, connection) -> None:
         """The sending thread: the training process never waits for the fetch process to read.
@@ -133,14 +192,25 @@ class FetchProcess:
                         continue
                     self._idle = True  # from now on, the next announcement starts a new process
                 message = ("close",)
-            if message is None:
-                break
+            # Announcements and releases waiting together go as one message: a run's start
+            # announces hundreds of batches at once, which one by one kept the fetch process's
+            # loop from its first batch's requests (and cost a pickle and a write each here).
+            updates = []
+            while message and message[0] in UPDATES:
+                updates.append(message)
+                try:
+                    message = outbox.get_nowait()
+                except queue.Empty:
+                    message = ()
             try:
-                connection.send(message)
+                if updates:
+                    connection.send(("updates", updates))
+                if message:
+                    connection.send(message)
             except (OSError, ValueError):  # the fetch process died: the next check restarts it
                 self._broken = True
                 break
-            if message[0] == "close":
+            if message is None or (message and message[0] == "close"):
                 break
         try:
             connection.close()
@@ -173,7 +243,8 @@ class FetchProcess:
             self._restarts += 1
             log.warning("[hydrax] the read-ahead fetch process died (exit code %s); starting it again", self._exitcode)
         try:
-            self._start(None, rescan=True)
+            self._start()
+            self.wait_ready()
         except Exception as exc:  # noqa: BLE001  (the fork server is gone, say)
             log.warning("[hydrax] the read-ahead fetch process could not start again: %s", exc)
             self._closed = True
@@ -192,7 +263,7 @@ class FetchProcess:
         if self._fallback is None:
             return
         try:
-            self._thread = self._fallback(held_files(self.root))  # what the dead ones wrote whole
+            self._thread = self._fallback(self.options, rescanned(self.root, self._seeded, self._writers))
             for key, (shards, samples, order) in self._announced.items():
                 self._thread.announce(key, shards, samples, order)
         except Exception:  # noqa: BLE001  (read-ahead is an optimisation: workers still read)
@@ -268,17 +339,88 @@ class FetchProcess:
     def close(self) -> None:
         """Stop the fetch process (waits up to :data:`CLOSE_WAIT_S`, then kills it), or the thread
         that took over from it."""
+        self.begin_close()
         with self._lock:
-            self._closed = True
+            if self._process is not None:
+                self._retire()
+
+    def begin_close(self) -> None:
+        """Tell the fetch process to end, without waiting (:meth:`close` then waits): a pool's end together."""
+        with self._lock:
+            if self._ending:
+                return
+            self._ending = self._closed = True
             if self._thread is not None:
                 self._thread.close()
-            if self._process is None:
-                return
-            self._outbox.put(("close",))
-            self._retire()
+            if self._process is not None:
+                self._outbox.put(("close",))
 
 
-def fetch_main(payload: bytes, options: ReadAhead, root: str, held: dict[str, int] | None, rescan: bool,
+class FetchPool:
+    """``count`` :class:`FetchProcess` es that split the shards between them (:func:`shard_owners`),
+    each with its share of the budget (:func:`budget_shares`) and its own ``requests`` and
+    ``streams``: the read-ahead's CPU and its requests in flight grow with the host. The training
+    process sends each announcement's samples to the processes whose shards they are in, and the
+    release to those same processes; statistics are summed (``held_peak``: the sum of the peaks).
+    """
+
+    def __init__(self, shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
+                 fallback: ThreadFetcher | None, count: int, sizes: np.ndarray | None, held_urls: dict[str, str]) -> None:
+        self._owners = shard_owners(list(shards.urls), count)
+        budgets = budget_shares(options.max_bytes, self._owners, sizes, count)
+        seeded: list[dict[str, int]] = [{} for _ in range(count)]
+        for path, size in (held or {}).items():
+            url = held_urls.get(os.path.dirname(path))
+            seeded[shard_owner(url, count) if url is not None else 0][path] = size
+        payload = pickle.dumps(shards, protocol=pickle.HIGHEST_PROTOCOL)
+        self._routes: dict[Any, list[int]] = {}  # announced key -> the processes it was sent to
+        self._children: list[FetchProcess] = []
+        try:
+            for i in range(count):
+                share = dataclasses.replace(options, max_bytes=budgets[i])
+                self._children.append(FetchProcess(shards, share, root, seeded[i], fallback, payload, wait=False))
+            for child in self._children:  # started together, then waited for together
+                child.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+        """As :meth:`Fetcher.announce <hydrax.shards.readahead.Fetcher.announce>`, to the fetch
+        processes of ``shards``; never waits."""
+        owners = self._owners[shards]
+        route = np.unique(owners).tolist()
+        self._routes[key] = route
+        if len(route) == 1:
+            self._children[route[0]].announce(key, shards, samples, order)
+            return
+        for i in route:
+            mine = owners == i
+            self._children[i].announce(key, shards[mine], samples[mine], order)
+
+    def release(self, key: Any) -> None:
+        """As :meth:`Fetcher.release <hydrax.shards.readahead.Fetcher.release>`; never waits."""
+        for i in self._routes.pop(key, ()):
+            self._children[i].release(key)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The fetch processes' statistics, summed."""
+        total = dict(EMPTY_STATS)
+        for child in self._children:
+            for name, value in child.stats.items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def close(self) -> None:
+        """Stop every fetch process (see :meth:`FetchProcess.close`)."""
+        for child in self._children:
+            child.begin_close()
+        for child in self._children:
+            child.close()
+
+
+def fetch_main(payload: bytes, options: ReadAhead, root: str, seeded: dict[str, int], writers: set[int],
                commands, replies, environ: dict[str, str]) -> None:
     """Body of the fetch process: a Fetcher for its copy of the ShardSet, fed by ``commands``
     until ``("close",)`` or the training process goes."""
@@ -289,10 +431,9 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, held: dict[str, in
     from .store import store_for
 
     shards = pickle.loads(payload)
-    if rescan:
-        # Started again after a fetch process died: what it wrote whole is kept and counted,
-        # what it left half-written goes.
-        held = held_files(root)
+    # Started again after another ended (idle, or dead): what it wrote whole is kept and counted,
+    # what it left half-written goes.
+    held = rescanned(root, seeded, writers) if writers else seeded
     fetcher = Fetcher(options, root, shards.layout, shards.layout_async,
                       lambda s: store_for(shards.urls[s], shards.options), held)
     replies.send((0, None))  # ready: the training process starts its workers once this is here
@@ -303,10 +444,8 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, held: dict[str, in
             except (EOFError, OSError):
                 break
             kind = message[0]
-            if kind == "announce":
-                fetcher.announce(*message[1:])
-            elif kind == "release":
-                fetcher.release(message[1])
+            if kind == "updates":
+                fetcher.update(message[1])
             elif kind == "stats":
                 replies.send((message[1], dict(fetcher.stats)))
             else:

@@ -109,7 +109,7 @@ def _collect(children: list, entries: list[ShardEntry], indexes: list, seeder: C
                 position, data, kept = body
                 indexes[position] = ShardIndex.from_bytes(data, entries[position].url)
                 if seeder is not None:
-                    seeder.adopt(kept)
+                    seeder.adopt(kept, entries[position].url)
             elif kind == "error":
                 failure = failure or _unpickled(body[0])
                 if failure is not None:

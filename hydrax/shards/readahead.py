@@ -7,8 +7,9 @@ samples each batch holds. The Dataloader announces upcoming batches to their dat
 remote shards, a :class:`Fetcher` thread turns those announcements into requests, many in flight
 at once, and writes what arrives as files under one directory that every worker of the host reads.
 The thread runs in a fetch process of its own (:mod:`hydrax.shards.fetchproc`), so the training
-process spends no CPU, and holds no GIL, per byte fetched; where no such process can start, in
-the main process.
+process spends no CPU, and holds no GIL, per byte fetched; a larger host runs a pool of them,
+each with the shards a hash of their URL gives it (:func:`fetch_process_count`); where no such
+process can start, in the main process.
 
 - each shard is cut into sample-aligned chunks of about :data:`CHUNK_BYTES` (``c000012``), so a
   sample never spans two files and a worker reads it zero-copy from a mapping. When the announced
@@ -26,8 +27,9 @@ the main process.
 A file is written under a temporary name (``.c000012.part``, made when its request is sent) and
 renamed when complete; a worker that needs a sample whose file is on its way waits for it, and
 one whose sample was not read ahead reads it itself (one ranged request), so read-ahead never
-blocks progress; nor does a writer that died (:data:`WRITER_FILE` names it, and waiting workers
-check it lives). Reads are pinned to the version (ETag) each shard was indexed at.
+blocks progress; nor does a writer that died (:data:`WRITER_FILE` in each shard's folder names
+it, and waiting workers check it lives). Reads are pinned to the version (ETag) each shard was
+indexed at.
 
 Memory is bounded by a budget (:class:`Budget`): ``ReadAhead(max_bytes=...)`` when given, else
 sized for the run by :func:`choose_budget`: the remote data itself when the host can hold it (an
@@ -68,6 +70,13 @@ from ..processes import process_alive
 
 log = logging.getLogger(__name__)
 
+#: Usable cores per fetch process when ``ReadAhead(fetch_processes=None)``. A fetch process spends
+#: about 2 s of CPU per GB it moves, a loader decoding 100 kB photos about 11.5 s per GB it
+#: decodes: the storage guide's model of a host ("Throughput per host") balances them at one
+#: fetch process per 7 cores; loaders that only copy bytes would want more.
+CORES_PER_FETCH_PROCESS = 8
+#: The most fetch processes chosen by default (a 224-core host gets 28).
+MAX_FETCH_PROCESSES = 32
 #: Target size of a streamed chunk file; chunks end on sample boundaries, so one sample larger
 #: than this is a chunk of its own.
 CHUNK_BYTES = 8 << 20
@@ -117,8 +126,13 @@ class ReadAhead:
         by ``max_bytes``, least recently used evicted); None: a private temporary directory,
         removed when the ShardSet is.
     :param requests: ranged requests in flight at once.
-    :param streams: chunk requests in flight at once.
+    :param streams: chunk requests in flight at once (in each fetch process).
     :param enabled: False reads every sample with its own request when a worker needs it.
+    :param fetch_processes: how many fetch processes share the shards (each fetches its own
+        shards, with its share of the budget, ``requests`` and ``streams``); None (the default):
+        one per :data:`CORES_PER_FETCH_PROCESS` usable cores, at most :data:`MAX_FETCH_PROCESSES`
+        and at most one per shard (:func:`fetch_process_count`). A persistent ``cache_dir`` is
+        always read ahead by one.
     """
 
     max_bytes: int | None = None
@@ -126,14 +140,16 @@ class ReadAhead:
     requests: int = 32
     streams: int = 8
     enabled: bool = True
+    fetch_processes: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "requests", "streams"):
+        for name in ("max_bytes", "requests", "streams", "fetch_processes"):
             value = getattr(self, name)
-            if name == "max_bytes" and value is None:
+            if name in ("max_bytes", "fetch_processes") and value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ReadAhead({name}=...) must be a positive int{' or None' * (name == 'max_bytes')}, got {value!r}")
+                optional = " or None" if name in ("max_bytes", "fetch_processes") else ""
+                raise ValueError(f"ReadAhead({name}=...) must be a positive int{optional}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -235,6 +251,19 @@ def host_room(folder: str) -> tuple[int, int]:
     return available, free
 
 
+def fetch_process_count(options: ReadAhead, shards: int, cores: int | None = None) -> int:
+    """How many fetch processes read ahead ``shards`` remote shards with ``options`` (see
+    ``ReadAhead(fetch_processes=...)``) on a host with ``cores`` usable cores (default: this one's)."""
+    if options.cache_dir is not None:
+        return 1  # one process keeps a persistent cache's accounting of what it holds
+    if options.fetch_processes is not None:
+        wanted = options.fetch_processes
+    else:
+        cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        wanted = min(MAX_FETCH_PROCESSES, max(1, cores // CORES_PER_FETCH_PROCESS))
+    return max(1, min(wanted, shards))
+
+
 def chunk_starts(starts: np.ndarray, ends: np.ndarray, target: int = CHUNK_BYTES) -> np.ndarray:
     """The first sample of every chunk of a shard whose samples span ``[starts[i], ends[i])``.
 
@@ -321,43 +350,54 @@ def sweep_dead_roots() -> None:
 
 #: A :class:`Fetcher`'s statistics before it has done anything (see ``ShardSet.readahead_stats``).
 EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
-#: The file in a read-ahead folder that names the process writing its files (its pid), so that a
-#: worker waiting for a file being written stops waiting when that process is gone.
+#: The file in a shard's read-ahead folder that names the process writing its files (its pid), so
+#: that a worker waiting for a file being written stops waiting when that process is gone.
 WRITER_FILE = ".writer"
 #: How often a waiting worker checks that the writer lives.
 WRITER_CHECK_S = 0.1
 
 
-def claim_writer(root: str) -> None:
-    """Record this process as the writer of the files under ``root`` (see :data:`WRITER_FILE`)."""
-    os.makedirs(root, exist_ok=True)
-    temporary = os.path.join(root, f"{WRITER_FILE}.{os.getpid()}")
+def claim_writer(folder: str) -> None:
+    """Record this process as the writer of the files in the shard folder ``folder`` (see
+    :data:`WRITER_FILE`): one process writes each folder's files (a pool of fetch processes
+    splits the shards between them)."""
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f"{WRITER_FILE}.{os.getpid()}")
     with open(temporary, "w") as f:
         f.write(str(os.getpid()))
-    os.replace(temporary, os.path.join(root, WRITER_FILE))
+    os.replace(temporary, os.path.join(folder, WRITER_FILE))
 
 
-def writer_alive(root: str) -> bool:
-    """Whether the process that writes the files under ``root`` lives (True when none is named)."""
+def folder_writer(folder: str) -> int | None:
+    """The pid :data:`WRITER_FILE` names in ``folder``, or None."""
     try:
-        with open(os.path.join(root, WRITER_FILE)) as f:
-            pid = int(f.read().strip())
+        with open(os.path.join(folder, WRITER_FILE)) as f:
+            return int(f.read().strip())
     except (OSError, ValueError):
-        return True
-    return process_alive(pid)
+        return None
 
 
-def held_files(root: str, stale_s: float = 0.0) -> dict[str, int]:
+def writer_alive(folder: str) -> bool:
+    """Whether the process that writes the files in ``folder`` lives (True when none is named)."""
+    pid = folder_writer(folder)
+    return pid is None or process_alive(pid)
+
+
+def held_files(root: str, stale_s: float = 0.0, writers: set[int] | None = None) -> dict[str, int]:
     """``path -> size`` of the complete files under ``root``, oldest first; the temporary files
     there older than ``stale_s`` seconds are removed. With 0, all of them: a fetch process started
-    again after another died keeps what that one wrote whole, and drops what it left half-written.
-    A persistent cache passes :data:`STALE_PART_S`, as another live process may be writing there."""
+    again after another ended keeps what that one wrote whole, and drops what it left half-written.
+    A persistent cache passes :data:`STALE_PART_S`, as another live process may be writing there.
+    With ``writers`` (pids), only the folders one of them wrote to (see :func:`claim_writer`) are
+    looked at: those of one fetch process of a pool, whose siblings are writing the others."""
     found = []
     for folder in os.scandir(root) if os.path.isdir(root) else ():
-        if not folder.is_dir():
+        if not folder.is_dir() or (writers is not None and folder_writer(folder.path) not in writers):
             continue
         for entry in os.scandir(folder.path):
             try:
+                if entry.name == WRITER_FILE:
+                    continue
                 stat = entry.stat()
                 if not entry.name.startswith("."):
                     found.append((stat.st_mtime_ns, entry.path, stat.st_size))
@@ -413,6 +453,7 @@ class ChunkSeeder:
         self.room = room
         self.bytes = 0
         self.held: dict[str, int] = {}
+        self.urls: dict[str, str] = {}  # shard folder -> the URL of its shard (fetch processes split the files by it)
         self._failed = False
 
     def add(self, url: str, version: str | None, starts: np.ndarray, ends: np.ndarray, data) -> int:
@@ -440,6 +481,7 @@ class ChunkSeeder:
                 os.replace(part, path)
                 part = None
                 self.held[path] = end - start
+                self.urls[layout.directory] = url
                 self.bytes += end - start
                 written += end - start
         except OSError as exc:
@@ -453,12 +495,13 @@ class ChunkSeeder:
                     pass
         return written
 
-    def adopt(self, held: dict[str, int]) -> None:
-        """Count as this seeder's the files ``held`` (path -> size) that another process's
-        seeder wrote under the same root (set-up's indexing processes, each with a share of the room)."""
+    def adopt(self, held: dict[str, int], url: str) -> None:
+        """Count as this seeder's the files ``held`` (path -> size) of shard ``url`` that another
+        process's seeder wrote under the same root (set-up's indexing processes, each with a share of the room)."""
         for path, size in held.items():
             if path not in self.held:
                 self.held[path] = size
+                self.urls[os.path.dirname(path)] = url
                 self.bytes += size
 
 
@@ -517,7 +560,7 @@ class Fetcher:
             self._adopt_existing()
         if held:
             self._adopt_held(held)
-        claim_writer(root)
+        self._claimed: set[str] = set()  # the shard folders this process has named itself the writer of
         self._thread = threading.Thread(target=self._run, name="hydrax-readahead", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -560,7 +603,19 @@ class Fetcher:
         """Batch ``key`` is loaded: what it needed may be evicted."""
         self._call(self._release, key)
 
+    def update(self, messages: Sequence[tuple]) -> None:
+        """:meth:`announce` (``("announce", key, shards, samples, order)``) and :meth:`release`
+        (``("release", key)``) of each of ``messages`` in turn, in one call on the loop."""
+        self._call(self._update, messages)
+
     # -- on the loop -------------------------------------------------------------------------
+    def _update(self, messages: Sequence[tuple]) -> None:
+        for message in messages:
+            if message[0] == "announce":
+                self._announce(*message[1:])
+            else:
+                self._release(message[1])
+
     def _unit(self, shard: int, name: str, size: int) -> _Unit:
         key = (shard, name)
         unit = self._units.get(key)
@@ -773,7 +828,9 @@ class Fetcher:
 
     def _begin(self, unit: _Unit, directory: str) -> str:
         """Mark ``unit`` as being written: workers that need it wait for it from now on."""
-        os.makedirs(directory, exist_ok=True)
+        if directory not in self._claimed:
+            claim_writer(directory)
+            self._claimed.add(directory)
         unit.state = "writing"
         part = os.path.join(directory, part_name(unit.name))
         open(part, "wb").close()
@@ -1038,7 +1095,7 @@ class LocalFiles:
                 return None
             elif now > check:
                 # A fetch process killed mid-write leaves its temporary files: no one finishes them.
-                if not writer_alive(os.path.dirname(layout.directory)):
+                if not writer_alive(layout.directory):
                     return None
                 check = now + WRITER_CHECK_S
             time.sleep(0.002)

@@ -56,7 +56,7 @@ from .setindex import SetIndex
 from .fetchproc import make_fetcher
 from .indexpool import index_in_processes, pool_size
 from .readahead import (EMPTY_STATS, Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
-                        finalizer, host_room, private_root, remove_private_root)
+                        fetch_process_count, finalizer, host_room, private_root, remove_private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
 
@@ -415,13 +415,15 @@ class ShardSet(Sequence["SampleRef"]):
             # through weak references.
             me, root = weakref.ref(self), self._root
             options = dataclasses.replace(self.readahead, max_bytes=self.readahead_budget.bytes)
-            held = self._seeder.held if self._seeder is not None else None
-            self._seeder = None  # the fetcher counts those files from now on, and evicts them
-            # The fetcher runs in a fetch process of its own where one can start (the training
+            seeder, self._seeder = self._seeder, None  # the fetcher counts its files from now on, and evicts them
+            # The fetcher runs in fetch processes of its own where they can start (the training
             # process then spends no CPU, and holds no GIL, per byte fetched); else as a thread.
-            self._fetcher = make_fetcher(self, options, root, held, lambda found: Fetcher(
-                options, root, lambda s: me().layout(s), lambda s: me().layout_async(s),
-                lambda s: store_for(me().urls[s], me().options), found))
+            self._fetcher = make_fetcher(
+                self, options, root, seeder.held if seeder is not None else None,
+                lambda settings, found: Fetcher(settings, root, lambda s: me().layout(s), lambda s: me().layout_async(s),
+                                                lambda s: store_for(me().urls[s], me().options), found),
+                count=fetch_process_count(options, int(self._remote.sum())), sizes=self._table.sizes,
+                held_urls=seeder.urls if seeder is not None else None)
             # Closed before the private folder goes (whichever finalizer runs first): a fetch
             # process still writing would make it again.
             private = self._root if self.readahead.cache_dir is None else None
@@ -476,10 +478,10 @@ class ShardSet(Sequence["SampleRef"]):
     def readahead_stats(self) -> dict[str, int]:
         """Requests, bytes, evictions and failures of this set's read-ahead so far (in its fetch
         processes: one that died counts what it last reported), the most bytes held at once
-        (``held_peak``), the bytes of files it found written already when a batch first needed
-        them (``reused``: kept by set-up from the shards it read to index them, left in a
-        persistent cache by an earlier run, or by an earlier run's fetch process) and the budget
-        (``budget``, 0 without read-ahead)."""
+        (``held_peak``; with a pool of fetch processes, the sum of each one's most), the bytes of
+        files it found written already when a batch first needed them (``reused``: kept by set-up
+        from the shards it read to index them, left in a persistent cache by an earlier run, or by
+        an earlier run's fetch process) and the budget (``budget``, 0 without read-ahead)."""
         stats = dict(self._fetcher.stats if self._fetcher is not None else EMPTY_STATS)
         stats["budget"] = self._budget.bytes if self._budget is not None else 0
         return stats

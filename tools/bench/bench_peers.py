@@ -31,6 +31,8 @@ Contenders (the peers run in their own venv, see ``peers/README.md``):
 - hydrax fully shuffled with read-ahead budgets given by hand (``--budgets 256 1024``: MiB), what
   global shuffling costs when the budget cannot hold the data;
 - hydrax ``shardwise`` with 1 loader (how a run grows with its loaders);
+- hydrax ``shardwise`` with ``--fetch-processes N``: a pool of N fetch processes, with 2 loaders
+  and with 1 (the default is one per 12 cores: one, here);
 - hydrax ``shardwise`` on an unprepared bucket: the same tars under ``raw/``, with no index
   objects and no folder summary (what a webdataset user has), set-up's indexing included;
 - hydrax ``shardwise`` with a training step after each batch (``--step-iters`` of a pure-Python
@@ -126,7 +128,9 @@ def hydrax_run(args) -> None:
     threading.Thread(target=sample_helpers, daemon=True).start()
     started = time.perf_counter()
     cpu = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads only, not its children
-    readahead = ReadAhead(max_bytes=args.budget << 20) if args.budget else None
+    settings = {"max_bytes": args.budget << 20} if args.budget else {}
+    settings.update({"fetch_processes": args.fetchers} if args.fetchers else {})
+    readahead = ReadAhead(**settings) if settings else None
     dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
     order = {"shardwise": {"shuffle_later": "shardwise"}, "random": {"shuffle_first": True}}[args.hydrax_run]
     group = DataGroup(32, dataset, loader_arrays={"bin": ((args.sample_bytes,), np.uint8, jnp.uint8)}, **order)
@@ -253,8 +257,12 @@ def cases(args, endpoint: str) -> dict[str, list[str]]:
         "LitData, shuffle=True": peer + ["--format", "litdata", "--remote", f"s3://{BUCKET}/lit", "--shuffle"],
     }
     if args.baseline:
-        for name in [n for n in found if n.startswith("hydrax shardwise")]:
+        for name in [n for n in found if n.startswith("hydrax shardwise") and "fetch processes" not in n]:
             found[f"{name} (baseline)"] = found[name] + ["--hydrax-tree", args.baseline]
+    for count in args.fetch_processes or ():
+        found[f"hydrax shardwise, {count} fetch processes"] = me + ["--hydrax-run", "shardwise", "--fetchers", str(count)] + common
+        found[f"hydrax shardwise, 1 loader, {count} fetch processes"] = (
+            me + ["--hydrax-run", "shardwise", "--loaders", "1", "--fetchers", str(count)] + common)
     for budget in args.budgets or ():
         found[f"hydrax fully shuffled, {budget} MiB budget"] = me + ["--hydrax-run", "random", "--budget", str(budget)] + common
     if args.streaming:
@@ -312,6 +320,8 @@ def main() -> None:
     parser.add_argument("--webdataset", action="store_true", help="webdataset in one process too")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between runs")
     parser.add_argument("--budgets", type=int, nargs="+", help="hydrax fully shuffled with these read-ahead budgets (MiB) too")
+    parser.add_argument("--fetch-processes", type=int, nargs="+",
+                        help="hydrax shardwise with these ReadAhead(fetch_processes=...) too, with 2 loaders and with 1")
     parser.add_argument("--only", nargs="+", help="run only the cases whose names start with these")
     parser.add_argument("--baseline", help="a checkout of an earlier hydrax (its _core built, or copied from this one): "
                                            "its 'hydrax shardwise' cases run too, named '(baseline)'")
@@ -322,6 +332,7 @@ def main() -> None:
     parser.add_argument("--jax-first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--loaders", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--fetchers", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--run-step-iters", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--hydrax-tree", help=argparse.SUPPRESS)
     parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)
