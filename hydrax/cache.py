@@ -9,8 +9,9 @@ what the other wrote.
 
 This module holds all of it:
 
-- a group's cache arguments as 0.2.2 resolves them (:class:`CacheSettings`), its descriptor, and
-  opening its cache for a run (:func:`open_group_cache`, :class:`GroupCache`);
+- a group's cache arguments as 0.2.2 resolves them (:class:`CacheSettings`), the descriptor
+  text (:func:`descriptor_text`), and a run's open cache (:class:`GroupCache`; the run opens it
+  from its group: :func:`hydrax.run.open_group_cache`);
 - the files: reading a batch file through a read-only mapping, and writing one so that it appears
   under its name only when complete (a temporary name, ``fsync``, ``rename``: a run killed
   mid-write leaves no half file, and a path being written is never read), on writer threads
@@ -37,18 +38,14 @@ import re
 import threading
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
 from . import _core
 from .errors import CacheFileError, CacheLocationError, CacheMismatchError, CacheNotFoundError
-from .layout import ArrayLayout, ArraySpec, compute_layouts, layouts_end
+from .layout import ArrayLayout, ArraySpec, layouts_end
 from .processes import process_alive
-
-if TYPE_CHECKING:
-    from .group import DataGroup
-    from .schedule import GroupPlan
 
 log = logging.getLogger(__name__)
 
@@ -149,18 +146,6 @@ class CacheSettings:
         """What ``shuffle_later="default"`` means: ``"batchwise"`` with a cache location (a cached
         batch keeps its items), else ``"itemwise"``."""
         return "batchwise" if self.location is not None else "itemwise"
-
-
-def group_descriptor(group: DataGroup, layouts: Mapping[str, ArrayLayout], extra: Mapping[str, Any] | None = None) -> str:
-    """The descriptor of ``group``'s cache with the arrays at ``layouts`` (see :func:`descriptor_text`)."""
-    extra = dict(extra or {})
-    if group.shuffle_later == "shardwise":
-        # Not part of 0.2.2's descriptor, but they decide a shardwise batch's items.
-        extra.update(shard_window=group.shard_window, shard_partitions=group.shard_partitions)
-    return descriptor_text(
-        data_len=len(group), batch_size=group.batch_size, seed=group.seed, shuffle_first=group.shuffle_first,
-        shuffle_later=group.shuffle_later, layouts=[(lay.offset, lay.dtype, lay.count) for lay in layouts.values()], extra=extra,
-    )
 
 
 def prepare_location(location: str | os.PathLike, text: str, readonly: bool) -> str:
@@ -479,30 +464,6 @@ def share_directory(location: str | os.PathLike, process_index: int, process_cou
     """Where process ``process_index`` of ``process_count`` keeps its share of a cache's batches:
     ``<location>/share-<index>-of-<count>``, a cache directory of its own."""
     return os.path.join(location, f"share-{process_index}-of-{process_count}")
-
-
-def open_group_cache(group: DataGroup, plan: GroupPlan, process_index: int = 0, process_count: int = 1) -> GroupCache | None:
-    """Check or create ``group``'s cache for a run that loads ``plan``'s share of each batch; None
-    when the group has no cache on disk.
-
-    Raises what :func:`prepare_location` raises (a mismatching descriptor, a missing read-only
-    cache). With several processes, each keeps its share of every batch in a share directory of
-    the cache (see :func:`share_directory`), with its own descriptor.
-    """
-    settings = group.cache_settings
-    if settings.location is None or group.cache_layouts is None:
-        return None
-    prepare_location(settings.location, group_descriptor(group, group.cache_layouts), settings.readonly)
-    location, layouts, size, rows = settings.location, group.cache_layouts, group.cache_size, group.batch_size
-    if process_count > 1:
-        rows = plan.local_batch_size
-        shared, size = compute_layouts(rows, settings.arrays, natural=True)
-        layouts = MappingProxyType(shared)
-        location = share_directory(settings.location, process_index, process_count)
-        share = {"process_count": process_count, "share": [list(r) for r in plan.share]}
-        prepare_location(location, group_descriptor(group, layouts, share), settings.readonly)
-    return GroupCache(location, layouts, int(size), rows, group.shuffle_later, settings.readonly, settings.direct,
-                      group.loader_layouts is None)
 
 
 def check_cache_arrays(arrays: Any, layouts: Mapping[str, ArrayLayout]) -> None:

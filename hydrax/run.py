@@ -5,7 +5,8 @@
   share of every batch this process loads (its :class:`~hydrax.schedule.GroupPlan`), where that
   share lives in a slot, its device shards, and its cache. :class:`RunGroups` holds them all,
   training first, and finds the one a schedule step or a task names.
-- :func:`plan_run` builds them, with the schedule's :class:`~hydrax.schedule.Plan`.
+- :func:`plan_run` builds them, with the schedule's :class:`~hydrax.schedule.Plan`, and opens
+  each group's on-disk cache (:func:`open_group_cache`, from what the group says of it).
 
 Everything here is decided before any process or thread starts; the pipeline only reads it.
 """
@@ -15,11 +16,11 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from .cache import GroupCache, open_group_cache
+from .cache import GroupCache, descriptor_text, prepare_location, share_directory
 from .group import DataGroup
-from .layout import ArrayLayout, SlotLayout, slot_layout
+from .layout import ArrayLayout, SlotLayout, compute_layouts, slot_layout
 from .messages import TASK_BYTES
 from .orders import epoch_order
 from .schedule import GroupPlan, Plan, Step, TrainingStep, host_share, normalise_start, read_order, share_ranges
@@ -239,3 +240,39 @@ def with_cachers(policy: RunPolicy, groups: RunGroups) -> RunPolicy:
         warnings.warn(f"ignoring cacher_count ({policy.cacher_count}) in excess of depth ({policy.depth})", ResourceWarning, stacklevel=3)
         return replace(policy, cacher_count=policy.depth)
     return policy
+
+
+def group_descriptor(group: DataGroup, layouts: Mapping[str, ArrayLayout], extra: Mapping[str, Any] | None = None) -> str:
+    """The descriptor of ``group``'s cache with the arrays at ``layouts`` (see :func:`~hydrax.cache.descriptor_text`)."""
+    extra = dict(extra or {})
+    if group.shuffle_later == "shardwise":
+        # Not part of 0.2.2's descriptor, but they decide a shardwise batch's items.
+        extra.update(shard_window=group.shard_window, shard_partitions=group.shard_partitions)
+    return descriptor_text(
+        data_len=len(group), batch_size=group.batch_size, seed=group.seed, shuffle_first=group.shuffle_first,
+        shuffle_later=group.shuffle_later, layouts=[(lay.offset, lay.dtype, lay.count) for lay in layouts.values()], extra=extra,
+    )
+
+
+def open_group_cache(group: DataGroup, plan: GroupPlan, process_index: int = 0, process_count: int = 1) -> GroupCache | None:
+    """Check or create ``group``'s cache for a run that loads ``plan``'s share of each batch; None
+    when the group has no cache on disk.
+
+    Raises what :func:`~hydrax.cache.prepare_location` raises (a mismatching descriptor, a
+    missing read-only cache). With several processes, each keeps its share of every batch in a
+    share directory of the cache (see :func:`~hydrax.cache.share_directory`), with its own descriptor.
+    """
+    settings = group.cache_settings
+    if settings.location is None or group.cache_layouts is None:
+        return None
+    prepare_location(settings.location, group_descriptor(group, group.cache_layouts), settings.readonly)
+    location, layouts, size, rows = settings.location, group.cache_layouts, group.cache_size, group.batch_size
+    if process_count > 1:
+        rows = plan.local_batch_size
+        shared, size = compute_layouts(rows, settings.arrays, natural=True)
+        layouts = MappingProxyType(shared)
+        location = share_directory(settings.location, process_index, process_count)
+        share = {"process_count": process_count, "share": [list(r) for r in plan.share]}
+        prepare_location(location, group_descriptor(group, layouts, share), settings.readonly)
+    return GroupCache(location, layouts, int(size), rows, group.shuffle_later, settings.readonly, settings.direct,
+                      group.loader_layouts is None)

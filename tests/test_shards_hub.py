@@ -24,7 +24,8 @@ from hydrax.errors import (AccessDeniedError, ObjectChangedError, ObjectNotFound
 from hydrax.shards import ShardSet, ShardWriter, expand_urls
 from hydrax.shards.hub import HubStore, parse_url, pin_url
 from hydrax.shards.readahead import ReadAhead
-from hydrax.shards.store import HFOptions, run_async, store_for
+from hydrax.shards.router import store_for
+from hydrax.shards.store import HFOptions, run_async
 
 from support.hubserver import Answer, HubServer
 from support.timing import slack, slack_int

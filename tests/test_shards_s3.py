@@ -491,7 +491,7 @@ def test_missing_credentials_fail_at_once_naming_the_variables(s3_store, store_l
     ("s3://Bad Bucket!/train-00.tar", "request valid: InvalidUri(InvalidUri(InvalidUriChar))"),  # a panic of obstore's
 ])
 def test_a_url_obstore_cannot_request_fails_at_once(s3_store, store_log, url, said):
-    from hydrax.shards.store import store_for
+    from hydrax.shards.router import store_for
 
     endpoint, _ = s3_store
     with pytest.raises(StoreConfigError) as info:

@@ -4,7 +4,8 @@ from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_p
 from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest, write_summaries
 from .readahead import ReadAhead
 from .shardset import SampleRef, ShardSet
-from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions, store_for
+from .router import store_for
+from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 from .writer import ShardWriter
 

@@ -99,7 +99,8 @@ import numpy as np
 from ..errors import HydraxError, ObjectNotFoundError
 from .catalog import INDEX_SUFFIX, ShardEntry, write_summaries
 from .indexfile import ShardIndex, index_path
-from .store import S3Options, StoreOptions, is_remote, store_for
+from .router import store_for
+from .store import S3Options, StoreOptions, is_remote
 from .tarindex import IMAGE_EXTENSIONS
 from .verify import decode_check
 from .writer import ShardWriter

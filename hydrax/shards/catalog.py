@@ -49,8 +49,9 @@ from ..errors import (AccessDeniedError, MissingPermissionError, ObjectChangedEr
 from .indexfile import WIDS_KIND, ShardIndex, index_from_bytes, open_index, read_wids_descriptor
 from .setindex import SetIndex, build_set_index, set_index_path, urls_digest
 from .hub import pin_url, repo_root
+from .router import store_for
 from .store import (LISTABLE_SCHEMES, REMOTE_SCHEMES, ObjectInfo, StoreOptions, as_store_options, gather_limited, is_remote, local_path,
-                    pattern_folder, run_async, scheme_of, store_for)
+                    pattern_folder, run_async, scheme_of)
 
 log = logging.getLogger(__name__)
 

@@ -428,7 +428,7 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, seeded: dict[str, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     die_with_parent()
     release_fork_server()
-    from .store import store_for
+    from .router import store_for
 
     shards = pickle.loads(payload)
     # Started again after another ended (idle, or dead): what it wrote whole is kept and counted,

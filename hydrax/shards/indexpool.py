@@ -32,7 +32,8 @@ from ..processes import (adopt_environment, die_with_parent, environment_snapsho
 from .catalog import BUILD_REQUESTS, ShardEntry, build_index_async
 from .indexfile import ShardIndex
 from .readahead import ChunkSeeder
-from .store import StoreOptions, gather_limited, run_async, store_for
+from .router import store_for
+from .store import StoreOptions, gather_limited, run_async
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,8 @@ from .indexpool import index_in_processes, pool_size
 from .readahead import (EMPTY_STATS, Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
                         fetch_process_count, finalizer, host_room, private_root, remove_private_root)
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
-from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote, store_for
+from .router import store_for
+from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote
 
 log = logging.getLogger(__name__)
 

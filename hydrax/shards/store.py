@@ -2,7 +2,7 @@
 
 Everything hydrax reads or writes about shards goes through a :class:`Store`: ``stat``, ranged and
 whole reads, streams, listings, writes and deletes, each raising hydrax's own
-:class:`~hydrax.errors.StoreError` kinds with the URL and byte offset. ``store_for(url, options)``
+:class:`~hydrax.errors.StoreError` kinds with the URL and byte offset. :func:`hydrax.shards.router.store_for`
 picks the store for a URL.
 
 Remote stores use obstore (Rust's ``object_store``): requests run on its own threads without the
@@ -14,7 +14,7 @@ used in a process, hydrax starts its workers from the fork server instead (see
 
 ``hf://`` URLs (datasets and models on the Hugging Face Hub) are served by
 :class:`hydrax.shards.hub.HubStore`, which speaks the Hub's own API; this module only routes
-them there and holds their :class:`HFOptions`.
+them there (:mod:`hydrax.shards.router`) and holds their :class:`HFOptions`.
 
 Reads may be pinned to an object *version* (the ETag an index was built from): a replaced
 object is then an :class:`~hydrax.errors.ObjectChangedError`, never another object's bytes.
@@ -328,7 +328,7 @@ _CREDENTIAL_SERVICE = re.compile(r"/latest/api/token|/latest/meta-data/iam|169\.
 _SERVER_TROUBLE = re.compile(r"status code: (?:5\d\d|429)\b")
 
 
-def _split(url: str, need_key: bool = True) -> tuple[str, str, str]:
+def split_url(url: str, need_key: bool = True) -> tuple[str, str, str]:
     """(scheme, container, key): the bucket for s3/gs, ``scheme://host`` for http(s)."""
     scheme = scheme_of(url)
     rest = url.split("://", 1)[1]
@@ -502,7 +502,7 @@ class ObjectStore(Store):
         return HTTPStore.from_url(f"{self.scheme}://{self.container}", client_options=client_options, retry_config=retry)
 
     def _key(self, url: str) -> str:
-        scheme, container, key = _split(url)
+        scheme, container, key = split_url(url)
         if (scheme, container) != (self.scheme, self.container):
             raise ValueError(f"{url!r} is not in {self._prefix}")
         return key
@@ -787,10 +787,6 @@ def as_store_options(options: StoreOptions | S3Options | GCSOptions | HTTPOption
     return options
 
 
-_stores: dict[tuple, Store] = {}
-_LOCAL = LocalStore()
-
-
 #: The AWS SDKs' variables for an S3 endpoint (MinIO, LocalStack, moto, other clouds), most
 #: specific first, as boto3 and the AWS CLI read them.
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -823,30 +819,6 @@ def with_environment(options: StoreOptions, scheme: str) -> StoreOptions:
     if variable is None:
         return options
     return dataclasses.replace(options, s3=dataclasses.replace(options.s3, endpoint_url=os.environ[variable]))
-
-
-def store_for(url: str, options: StoreOptions | None = None) -> Store:
-    """The store that holds ``url`` (one per bucket or server and options, shared in the process)."""
-    scheme = scheme_of(url)
-    if scheme == "file":
-        return _LOCAL
-    if scheme not in REMOTE_SCHEMES:
-        raise StoreError(f"the {scheme}:// scheme is not supported; use local paths, s3://, gs://, http(s):// or hf://",
-                         url=url, subject=f"shard URL {url!r}: ")
-    options = as_store_options(options)
-    if scheme == "hf":
-        from .hub import hub_store
-
-        return hub_store(url, options.hf)
-    # Noted before the variable fills the endpoint in, so that errors can say where it came from.
-    variable = endpoint_variable(options, scheme)
-    options = with_environment(options, scheme)
-    _, container, _ = _split(url, need_key=False)
-    key = (scheme, container, options.for_scheme(scheme), variable)
-    store = _stores.get(key)
-    if store is None:
-        store = _stores[key] = ObjectStore(scheme, container, options, variable)
-    return store
 
 
 def run_async(coroutine):

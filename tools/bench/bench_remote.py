@@ -164,7 +164,8 @@ def ranged_ceiling(urls: list[str], endpoint: str, sample_bytes: int, shard_byte
     import asyncio
 
     from hydrax.shards import S3Options
-    from hydrax.shards.store import StoreOptions, gather_limited, store_for
+    from hydrax.shards.router import store_for
+    from hydrax.shards.store import StoreOptions, gather_limited
 
     options = StoreOptions(s3=S3Options(endpoint_url=endpoint, **KEYS))
     rng = np.random.default_rng(1)
