@@ -98,7 +98,10 @@ def test_a_killed_fetch_process_is_replaced_and_every_sample_still_comes_once(pr
     assert killed and sorted(seen) == list(range(240))
     assert took < slack(WAIT_S / 2), f"{took:.1f} s after the kill"
     assert "fetch process died" in caplog.text
-    assert dataset.readahead_stats["requests"] > 0
+    # The new process fetched what was missing, or found it whole (the dead one's requests, never
+    # reported, are not counted; it may have written everything before it was killed).
+    stats = dataset.readahead_stats
+    assert stats["requests"] + stats["reused"] > 0
     dataset.close()
     assert not fetch_processes()
 
