@@ -45,7 +45,7 @@ import numpy as np
 from . import _core
 from .errors import CacheFileError, CacheLocationError, CacheMismatchError, CacheNotFoundError
 from .layout import ArrayLayout, ArraySpec, layouts_end
-from .processes import process_alive
+from .liveness import process_alive
 
 log = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ class DataGroup(Sequence[D], Generic[D]):
         reads from another host's shards. The order depends on ``shard_partitions``, not on the
         number of hosts, so a run resumes exactly with any process count that divides it. It must
         divide ``batch_size``; 1 (default) keeps the order of earlier versions. See
-        :func:`hydrax.schedule.shardwise_order` and :func:`hydrax.schedule.host_shards`.
+        :func:`hydrax.schedule.shardwise_order` and :func:`hydrax.orders.host_shards`.
     :param permutation: (hydrax extension) how the shuffled orders are made. ``"numpy"``
         (default): hydrax 0.2.2's orders, bit for bit; each is an array of N indices, computed
         whole by the main process (O(N) time per epoch) and stored once per host for its

@@ -27,8 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .orders import EpochOrders, IdentityOrder, ItemOrder, ShareOrder, epoch_order
-from .schedule import GroupPlan, group_item_order, order_changes, order_seed, share_positions
+from .orders import EpochOrders, IdentityOrder, ItemOrder, ShareOrder, epoch_order, group_item_order
+from .schedule import GroupPlan, order_changes, order_seed, share_positions
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,15 @@ Every kind of order answers :meth:`ItemOrder.local`: the items of this process's
   computed from the stratified layout of :mod:`hydrax.mixing` and each source's lazy passes.
 
 :func:`epoch_order` picks the kind for a plan and an epoch; :class:`EpochOrders` keeps the few
-a process is using.
+a process is using. :func:`item_order` and :func:`group_item_order` give a whole epoch's order
+as an array (O(N): the order book stores those, tests compare with them), and
+:func:`host_shards` which shards each host reads.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -32,8 +35,8 @@ import numpy as np
 from . import _core
 from .mixing import RANDOM_RUN, Layout, run_length
 from .permute import permute, permute_windows, round_keys, round_keys_table
-from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, balance_shards, group_item_order,
-                       lazy_permutation, local_items, order_seed, share_positions)
+from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, balance_shards, host_positions,
+                       lazy_permutation, local_items, order_seed, permutation, share_positions, shardwise_order)
 
 
 class ItemOrder:
@@ -455,6 +458,53 @@ def order_array(order: ItemOrder, size: int) -> np.ndarray | None:
     array = order.at(np.arange(size, dtype=np.int64))
     array.setflags(write=False)
     return array
+
+
+def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
+    """The item permutation a training group uses in ``epoch``, as a whole array (None means the
+    identity). With ``permutation="lazy"`` it is computed in full, which costs O(N): the loader
+    itself never asks for it (see :func:`epoch_order`)."""
+    if plan.permutation == "lazy":
+        return order_array(epoch_order(plan, epoch), plan.size)
+    if plan.shuffle_later == "shardwise":
+        if plan.shard_partitions == 1:
+            return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
+        return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window, plan.shard_partitions, plan.batch_size)
+    seed = order_seed(plan, epoch)
+    return None if seed is None else permutation(seed, plan.size)
+
+
+def validation_item_order(plan: GroupPlan) -> np.ndarray | None:
+    """Validation groups are only ever shuffled once, by ``shuffle_first``."""
+    return group_item_order(plan, 0, training=False)
+
+
+def group_item_order(plan: GroupPlan, epoch: int, training: bool = True) -> np.ndarray | None:
+    """The item order a batch of ``epoch`` takes its items from: :func:`item_order` for a training
+    group, :func:`validation_item_order` (the same every time) for a validation group."""
+    if training:
+        return item_order(plan, epoch)
+    return item_order(replace(plan, shuffle_later="repeat"), 0)
+
+
+
+
+def host_shards(plan: GroupPlan, epoch: int, process_index: int, process_count: int) -> dict[int, int]:
+    """Which shards process ``process_index`` of ``process_count`` reads in ``epoch`` of a shardwise
+    training group: ``{shard: items of it the process loads}``, in shard order.
+
+    Only ``plan``'s global batch size counts (not a share it may already carry). With
+    ``shard_partitions`` C and a process count dividing C, a process reads the shards of its own
+    partitions, plus the few items spilled into them from other partitions' shards.
+    """
+    if plan.shuffle_later != "shardwise":
+        raise ValueError(f"host_shards needs a shardwise group, this one is {plan.shuffle_later!r}")
+    positions = host_positions(plan.batch_size, process_index, process_count)
+    used = item_order(plan, epoch)[: plan.batch_count * plan.batch_size].reshape(plan.batch_count, plan.batch_size)
+    items = used[:, positions.start : positions.stop]
+    shard = np.searchsorted(np.cumsum(plan.shard_sizes), items.ravel(), side="right")
+    counts = np.bincount(shard, minlength=len(plan.shard_sizes))
+    return {int(s): int(counts[s]) for s in np.flatnonzero(counts)}
 
 
 class EpochOrders:

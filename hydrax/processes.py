@@ -12,8 +12,8 @@
 - **Parent death.** A worker dies with its parent (``PR_SET_PDEATHSIG``); a fork server's worker
   lets go of the server's "alive" pipe, so the server exits with the main process and takes its
   workers with it.
-- **Liveness** of a process named in a file (:func:`process_alive`), and the malloc settings of
-  worker processes.
+- The malloc settings of worker processes. (Whether a process named in a file lives is
+  :func:`hydrax.liveness.process_alive`, which this module and the read-ahead share.)
 
 What a worker runs, and the pool of them, are in :mod:`hydrax.workers`.
 """
@@ -31,6 +31,8 @@ import tempfile
 import threading
 import types
 from typing import Mapping, Sequence
+
+from .liveness import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -419,19 +421,4 @@ def tune_malloc() -> None:
         pass
 
 
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one of another user counts as alive, a zombie does not):
-    what decides if a file named after the process that writes it is a dead process's leftover."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # exited, not yet reaped
-    except (OSError, IndexError):
-        return True
 

@@ -1,8 +1,10 @@
 """The batch schedule, as pure functions of (seed, epoch, position).
 
-Everything about *which* batch comes next, which items it holds and which seeds they get lives
-here, with no processes and no I/O, so it can be tested exhaustively and so worker processes can
-compute item indices and seeds themselves from a few integers. The rules are those of hydrax 0.2.2
+Everything about *which* batch comes next, which positions of its epoch it holds, which share
+of it each process loads and which seeds its items get lives here, with no processes and no I/O,
+so it can be tested exhaustively and so worker processes can compute positions and seeds
+themselves from a few integers, with the permutations the orders are made of. Which item sits at
+a position is :mod:`hydrax.orders`' (it builds on these). The rules are those of hydrax 0.2.2
 (see ``hydrax-api.md`` section 4), with its schedule defects fixed: every validation run yields its
 batches, ``interleave_groups`` really interleaves, and an end point at or before the start point
 ends the run at once.
@@ -217,35 +219,6 @@ def order_changes(plan: GroupPlan, training: bool = True) -> bool:
     return training and plan.shuffle_later in ("itemwise", "shardwise")
 
 
-def item_order(plan: GroupPlan, epoch: int) -> np.ndarray | None:
-    """The item permutation a training group uses in ``epoch``, as a whole array (None means the
-    identity). With ``permutation="lazy"`` it is computed in full, which costs O(N): the loader
-    itself never asks for it (see :func:`hydrax.orders.epoch_order`)."""
-    if plan.permutation == "lazy":
-        from .orders import epoch_order, order_array
-
-        return order_array(epoch_order(plan, epoch), plan.size)
-    if plan.shuffle_later == "shardwise":
-        if plan.shard_partitions == 1:
-            return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window)
-        return shardwise_order(plan.shard_sizes, plan.seed, epoch, plan.shard_window, plan.shard_partitions, plan.batch_size)
-    seed = order_seed(plan, epoch)
-    return None if seed is None else permutation(seed, plan.size)
-
-
-def validation_item_order(plan: GroupPlan) -> np.ndarray | None:
-    """Validation groups are only ever shuffled once, by ``shuffle_first``."""
-    return group_item_order(plan, 0, training=False)
-
-
-def group_item_order(plan: GroupPlan, epoch: int, training: bool = True) -> np.ndarray | None:
-    """The item order a batch of ``epoch`` takes its items from: :func:`item_order` for a training
-    group, :func:`validation_item_order` (the same every time) for a validation group."""
-    if training:
-        return item_order(plan, epoch)
-    return item_order(replace(plan, shuffle_later="repeat"), 0)
-
-
 def batch_order(plan: GroupPlan, epoch: int) -> Sequence[int] | None:
     """The order in which a training group's batches are taken in ``epoch`` (None: identity):
     an array, or with ``permutation="lazy"`` a :class:`~hydrax.permute.LazyPermutation`."""
@@ -334,24 +307,6 @@ def share_positions(plan: GroupPlan) -> Sequence[int]:
     if len(plan.share) == 1:
         return range(*plan.share[0])
     return [p for start, stop in plan.share for p in range(start, stop)]
-
-
-def host_shards(plan: GroupPlan, epoch: int, process_index: int, process_count: int) -> dict[int, int]:
-    """Which shards process ``process_index`` of ``process_count`` reads in ``epoch`` of a shardwise
-    training group: ``{shard: items of it the process loads}``, in shard order.
-
-    Only ``plan``'s global batch size counts (not a share it may already carry). With
-    ``shard_partitions`` C and a process count dividing C, a process reads the shards of its own
-    partitions, plus the few items spilled into them from other partitions' shards.
-    """
-    if plan.shuffle_later != "shardwise":
-        raise ValueError(f"host_shards needs a shardwise group, this one is {plan.shuffle_later!r}")
-    positions = host_positions(plan.batch_size, process_index, process_count)
-    used = item_order(plan, epoch)[: plan.batch_count * plan.batch_size].reshape(plan.batch_count, plan.batch_size)
-    items = used[:, positions.start : positions.stop]
-    shard = np.searchsorted(np.cumsum(plan.shard_sizes), items.ravel(), side="right")
-    counts = np.bincount(shard, minlength=len(plan.shard_sizes))
-    return {int(s): int(counts[s]) for s in np.flatnonzero(counts)}
 
 
 def batch_items(order: np.ndarray | None, batch_size: int, group_index: int, first: int = 0,

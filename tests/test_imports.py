@@ -2,8 +2,7 @@
 
 Every import counts, wherever it sits (a function's lazy import and a ``TYPE_CHECKING`` one as
 much as a module's first lines): a loop is two modules that each need the other, however the
-import is written. The loops still to break are listed, and the list must stay exact: a new
-loop fails, and so does a broken one left on the list.
+import is written.
 """
 
 import ast
@@ -12,11 +11,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "hydrax"
 #: Compiled modules, which import nothing of the package.
 EXTENSIONS = {"hydrax._core"}
-#: The import loops not broken yet (each a set of modules), to go (issue 40).
-KNOWN_LOOPS = [
-    {"hydrax.orders", "hydrax.schedule"},
-    {"hydrax._forkserver", "hydrax.processes", "hydrax.shards.readahead"},
-]
 
 
 def module_name(path: Path) -> str:
@@ -104,6 +98,5 @@ def test_the_finder_sees_a_loop_written_any_way():
     assert "hydrax._core" in graph["hydrax.schedule"]  # ``from . import _core``
 
 
-def test_the_package_has_no_import_loop_but_those_still_to_break():
-    found = sorted(sorted(group) for group in loops(import_graph()))
-    assert found == sorted(sorted(group) for group in KNOWN_LOOPS)
+def test_the_package_has_no_import_loop():
+    assert [sorted(group) for group in loops(import_graph())] == []

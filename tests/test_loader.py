@@ -12,7 +12,8 @@ from support.timing import slack, slack_int
 
 import hydrax
 from hydrax import BatchTimeoutError, Dataloader, DataGroup, TrainingBatch, ValidationBatch, is_worker
-from hydrax.schedule import batch_items, batch_seed, item_order, permutation
+from hydrax.schedule import batch_items, batch_seed, permutation
+from hydrax.orders import item_order
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32), "vec": ((3,), np.float32, jnp.float32)}
 

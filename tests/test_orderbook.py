@@ -11,7 +11,8 @@ from support.timing import slack
 
 from hydrax.orderbook import OrderBook, needs_book, stored_epoch
 from hydrax.orders import ShareOrder
-from hydrax.schedule import GroupPlan, group_item_order, host_share, local_items, share_ranges
+from hydrax.schedule import GroupPlan, host_share, local_items, share_ranges
+from hydrax.orders import group_item_order
 
 
 def plan_of(size=4000, batch_size=40, shuffle_later="itemwise", shuffle_first=True, seed=7, **kw) -> GroupPlan:

@@ -11,7 +11,8 @@ from hydrax.orders import (ArrayOrder, EpochOrders, IdentityOrder, LazyItems, Sh
                            local_positions, order_array)
 from hydrax.permute import LazyPermutation
 from hydrax.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, batch_order, host_share,
-                             item_order, local_items, read_order, share_positions, share_ranges, shardwise_order)
+                             local_items, read_order, share_positions, share_ranges, shardwise_order)
+from hydrax.orders import item_order
 
 
 def plan_of(size=1000, batch_size=16, shuffle_later="itemwise", shuffle_first=True, seed=3, **kw) -> GroupPlan:

@@ -9,7 +9,8 @@ import pytest
 from hydrax import DataGroup
 from hydrax.messages import TASK_BYTES
 from hydrax.run import TASK_PIPE_BUDGET, RunPolicy, plan_run, share_layout, with_cachers
-from hydrax.schedule import TrainingStep, ValidationStep, batch_items, item_order, iter_steps
+from hydrax.schedule import TrainingStep, ValidationStep, batch_items, iter_steps
+from hydrax.orders import item_order
 
 ARRAYS = {"x": ((3,), np.float32, jnp.float32)}
 

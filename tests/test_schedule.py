@@ -6,23 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydrax.schedule import (
-    GroupPlan,
-    Plan,
-    TrainingStep,
-    ValidationStep,
-    batch_items,
-    batch_order,
-    batch_seed,
-    epoch_group_sequence,
-    item_order,
-    iter_steps,
-    normalise_start,
-    permutation,
-    read_order,
-    stream_positions,
-    validation_item_order,
-)
+from hydrax.schedule import (GroupPlan, Plan, TrainingStep, ValidationStep, batch_items, batch_order, batch_seed,
+                             epoch_group_sequence, iter_steps, normalise_start, permutation, read_order,
+                             stream_positions)
+from hydrax.orders import item_order, validation_item_order
 
 
 def plan(n=8, bs=2, seed=5, first=False, later="itemwise"):

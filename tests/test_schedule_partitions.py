@@ -10,19 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hydrax.schedule import (
-    GroupPlan,
-    Plan,
-    batch_items,
-    host_positions,
-    host_share,
-    host_shards,
-    item_order,
-    iter_steps,
-    local_items,
-    partition_shards,
-    shardwise_order,
-)
+from hydrax.schedule import (GroupPlan, Plan, batch_items, host_positions, host_share, iter_steps, local_items,
+                             partition_shards, shardwise_order)
+from hydrax.orders import host_shards, item_order
 
 #: Uneven shards: a few large, some tiny, one empty.
 SIZES = (23, 7, 31, 12, 5, 18, 27, 9, 14, 3, 21, 16, 11, 25, 8, 19, 0, 13, 22, 6, 17, 10, 29, 15)

@@ -66,7 +66,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..processes import process_alive
+from ..liveness import process_alive
 
 log = logging.getLogger(__name__)
 
