@@ -487,8 +487,6 @@ def group_item_order(plan: GroupPlan, epoch: int, training: bool = True) -> np.n
     return item_order(replace(plan, shuffle_later="repeat"), 0)
 
 
-
-
 def host_shards(plan: GroupPlan, epoch: int, process_index: int, process_count: int) -> dict[int, int]:
     """Which shards process ``process_index`` of ``process_count`` reads in ``epoch`` of a shardwise
     training group: ``{shard: items of it the process loads}``, in shard order.

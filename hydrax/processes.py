@@ -357,7 +357,6 @@ def _main_imports() -> list[str]:
     return found
 
 
-
 def release_fork_server() -> None:
     """Close this process's copy of the fork server's "alive" pipe.
 
@@ -375,7 +374,6 @@ def release_fork_server() -> None:
         except OSError:
             pass
         server._forkserver_alive_fd = None
-
 
 
 def helpers_allowed() -> bool:
@@ -419,6 +417,3 @@ def tune_malloc() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
     except (OSError, AttributeError):  # not glibc
         pass
-
-
-

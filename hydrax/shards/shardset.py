@@ -585,4 +585,3 @@ class SampleRef(Mapping[str, memoryview]):
         if self._set._set is None and self._set._known_index(self._shard) is None:
             return f"<sample {self._index} of {self.url} (its shard's index is not loaded)>"
         return f"<sample {self.key!r} of {self.url}: {', '.join(self.fields)}>"
-

@@ -866,4 +866,3 @@ async def gather_limited(calls: Sequence, limit: int = 64) -> list:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-
