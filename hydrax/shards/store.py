@@ -2,8 +2,8 @@
 
 Everything hydrax reads or writes about shards goes through a :class:`Store`: ``stat``, ranged and
 whole reads, streams, listings, writes and deletes, each raising hydrax's own
-:class:`~hydrax.errors.StoreError` kinds with the URL and byte offset. :func:`hydrax.shards.router.store_for`
-picks the store for a URL.
+:class:`~hydrax.errors.StoreError` kinds with the URL and byte offset.
+:func:`hydrax.shards.router.store_for` picks the store for a URL.
 
 Remote stores use obstore (Rust's ``object_store``): requests run on its own threads without the
 GIL, many at once, and the same code serves ``s3://``, ``gs://`` and ``http(s)://``. It was chosen
@@ -13,8 +13,8 @@ used in a process, hydrax starts its workers from the fork server instead (see
 :func:`hydrax.workers.note_fork_hazard`); a worker makes its own store on first use.
 
 ``hf://`` URLs (datasets and models on the Hugging Face Hub) are served by
-:class:`hydrax.shards.hub.HubStore`, which speaks the Hub's own API; this module only routes
-them there (:mod:`hydrax.shards.router`) and holds their :class:`HFOptions`.
+:class:`hydrax.shards.hub.HubStore`, which speaks the Hub's own API (the router sends them
+there); this module holds their :class:`HFOptions`.
 
 Reads may be pinned to an object *version* (the ETag an index was built from): a replaced
 object is then an :class:`~hydrax.errors.ObjectChangedError`, never another object's bytes.
