@@ -4,14 +4,14 @@
 program needs; the API is a drop-in for hydrax 0.2.2.
 """
 
-from .batch import Batch, TrainingBatch, ValidationBatch
+from .run.batch import Batch, TrainingBatch, ValidationBatch
 from .debug import debug_batch_references
 from .errors import BatchFailedError, BatchTimeoutError, CheckpointMismatchError, WorkerError
-from .group import DataGroup
+from .run.group import DataGroup
 from .layout import ArrayLayout, ArraySpec
-from .loader import Dataloader
-from .mixture import Mixture
-from .processes import is_worker
+from .run.loader import Dataloader
+from .order.mixture import Mixture
+from .procs.processes import is_worker
 from .types import LoaderFunc, PlacementFunc, StartupFunc
 
 __version__ = "0.3.0.dev0"
@@ -21,6 +21,6 @@ __all__ = [
     "Mixture", "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
 ]
 
-from .processes import watch_jax_start as _watch_jax_start
+from .procs.processes import watch_jax_start as _watch_jax_start
 
 _watch_jax_start()

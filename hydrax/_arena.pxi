@@ -159,7 +159,7 @@ cdef class SlotLease:
         try:
             callback(self.slot)
         except BaseException as exc:  # a release can run in any thread; never let it raise there
-            logging.getLogger("hydrax.arena").error("[hydrax] error recycling batch slot %d: %r", self.slot, exc)
+            logging.getLogger("hydrax.procs.arena").error("[hydrax] error recycling batch slot %d: %r", self.slot, exc)
 
 
 def heartbeat(ArenaMap arena, Py_ssize_t offset, long period_us):

@@ -50,7 +50,7 @@ extension to build and ship, with each family of kernels in an include file of i
 
 - :func:`feistel_permute` maps positions to items through a keyed bijection of ``[0, n)`` (a
   Feistel network with cycle walking), so an epoch's order of a billion items costs nothing to
-  hold and a few nanoseconds per item to compute (see :mod:`hydrax.permute`).
+  hold and a few nanoseconds per item to compute (see :mod:`hydrax.order.permute`).
 - :func:`feistel_windows` does the same for a stream of shards whose items are permuted within
   runs of a few shards: a batch of a lazy ``shardwise`` order in one call.
 
@@ -63,7 +63,7 @@ extension to build and ship, with each family of kernels in an include file of i
 ``_mixture.pxi``: mixtures of sources.
 
 - :func:`mixture_slots` reads a mixture's stratified layout: the source, and the position in
-  that source's stream, of each shuffled slot of a block of batches (see :mod:`hydrax.mixing`).
+  that source's stream, of each shuffled slot of a block of batches (see :mod:`hydrax.order.mixing`).
 - :func:`mixture_locate` splits a mixture's items into (source, index within it): what a
   worker does to each item of its task.
 - :func:`mixture_items` takes those stream positions to items through each source's permuted

@@ -1,5 +1,5 @@
 # Mixture kernel, included by _core.pyx: which source, and which position of its stream, each
-# shuffled slot of a mixture's batches holds (see hydrax/mixing.py for the layout).
+# shuffled slot of a mixture's batches holds (see hydrax/order/mixing.py for the layout).
 #
 # A batch's slots hold source 0's items first, then source 1's, and so on; ends[s, b] is where
 # source s's slots of batch b end. The Python layer computes these tables once per block of

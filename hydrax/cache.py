@@ -11,7 +11,7 @@ This module holds all of it:
 
 - a group's cache arguments as 0.2.2 resolves them (:class:`CacheSettings`), the descriptor
   text (:func:`descriptor_text`), and a run's open cache (:class:`GroupCache`; the run opens it
-  from its group: :func:`hydrax.run.open_group_cache`);
+  from its group: :func:`hydrax.run.plan.open_group_cache`);
 - the files: reading a batch file through a read-only mapping, and writing one so that it appears
   under its name only when complete (a temporary name, ``fsync``, ``rename``: a run killed
   mid-write leaves no half file, and a path being written is never read), on writer threads
@@ -45,7 +45,7 @@ import numpy as np
 from . import _core
 from .errors import CacheFileError, CacheLocationError, CacheMismatchError, CacheNotFoundError
 from .layout import ArrayLayout, ArraySpec, layouts_end
-from .liveness import process_alive
+from .procs.liveness import process_alive
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from .errors import CheckpointFormatError, CheckpointMismatchError
-from .hosts import jax_process_split
-from .schedule import Plan, Step, TrainingStep, ValidationStep, iter_steps, plan_fingerprint
+from .run.hosts import jax_process_split
+from .order.schedule import Plan, Step, TrainingStep, ValidationStep, iter_steps, plan_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def schedule_start(state: LoaderState) -> tuple[tuple[int, int], int]:
     (training and validation, in schedule order) the run skips.
 
     A validation run belongs to the training batch before it, and a run that starts after that
-    batch never runs it (see :func:`hydrax.schedule.iter_steps`). So a state with a validation
+    batch never runs it (see :func:`hydrax.order.schedule.iter_steps`). So a state with a validation
     run pending starts one training batch earlier, and skips that batch and the validation
     batches the loop has had."""
     if state.validation_batch is None:

@@ -11,7 +11,7 @@ FileNotFoundError`` or ``except PermissionError`` keeps working. The one excepti
 Exception`` does not swallow a dead worker.
 
 hydrax's diagnostics (a failed item, a dead worker, a run shutting down) go to the ``"hydrax"``
-logger and its children (``hydrax.loader``, ``hydrax.pipeline``, ``hydrax.workers``,
+logger and its children (``hydrax.run.loader``, ``hydrax.run.pipeline``, ``hydrax.procs.workers``,
 ``hydrax.shards.*``), with hydrax 0.2.2's words (``[hydrax]: dataloader failed``, ``[hydrax]
 exception while loading data item: ...`` with its traceback). A program that configures no
 logging sees the warnings and errors among them on stderr, as 0.2.2 printed them: that is

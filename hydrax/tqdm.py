@@ -27,8 +27,8 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError("hydrax.tqdm needs the tqdm package: pip install 'hydrax[tqdm]'") from _exc
 
-from .batch import Batch, TrainingBatch, ValidationBatch
-from .loader import Dataloader
+from .run.batch import Batch, TrainingBatch, ValidationBatch
+from .run.loader import Dataloader
 
 D = TypeVar("D")
 

@@ -44,7 +44,7 @@ def _warm_forkserver() -> None:
     # Workers forked from the fork server only avoid importing the test modules (and JAX) when
     # the server has them; a training script gets the same from its main module. This must run
     # before JAX initialises: hydrax starts the server without them from then on.
-    from hydrax.processes import warm_forkserver
+    from hydrax.procs.processes import warm_forkserver
 
     # not test_ray: it imports Ray, which no loader worker needs
     warm_forkserver([path.stem for path in __import__("pathlib").Path(__file__).parent.glob("test_*.py") if path.stem != "test_ray"])

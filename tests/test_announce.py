@@ -7,9 +7,9 @@ import numpy as np
 from support.workbench import plan_training
 
 from hydrax import DataGroup, Mixture
-from hydrax.announce import MAX_LOOKAHEAD, Announcer, reads_ahead
-from hydrax.inflight import InFlight
-from hydrax.schedule import iter_steps
+from hydrax.run.announce import MAX_LOOKAHEAD, Announcer, reads_ahead
+from hydrax.run.inflight import InFlight
+from hydrax.order.schedule import iter_steps
 
 
 class Reader(list):

@@ -10,7 +10,7 @@ from support.leftovers import new_shm_entries
 from support.shmwatch import SHM
 
 from hydrax import _core
-from hydrax.arena import PAGE, STATUS_STRIDE, Arena, FdHandle, status_line
+from hydrax.procs.arena import PAGE, STATUS_STRIDE, Arena, FdHandle, status_line
 
 
 def test_slots_are_page_aligned_after_one_status_line_per_worker_and_the_item_lists():

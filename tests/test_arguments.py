@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hydrax import DataGroup
-from hydrax.arguments import (MIN_LOADER_LIMIT, ONE_YEAR_S, as_groups, check_functions, check_int, parse_end, parse_start,
+from hydrax.run.arguments import (MIN_LOADER_LIMIT, ONE_YEAR_S, as_groups, check_functions, check_int, parse_end, parse_start,
                               parse_validation, process_split, run_policy, usable_cpus)
 
 ARRAYS = {"x": ((1,), np.int32, jnp.int32)}
@@ -91,7 +91,7 @@ def test_a_runaway_loader_count_is_refused_and_an_unusable_one_cut(caplog):
         run_policy([GROUP], **{**SETTINGS, "loader_count": limit + 1})
     big = DataGroup(1000, range(4000), loader_arrays=ARRAYS)
     assert run_policy([big], **{**SETTINGS, "loader_count": limit}).loader_count == limit
-    with caplog.at_level("WARNING", logger="hydrax.loader"):
+    with caplog.at_level("WARNING", logger="hydrax.run.loader"):
         policy = run_policy([GROUP], **{**SETTINGS, "loader_count": 7, "depth": 3})  # batch 2: 6 items in flight
     assert policy.loader_count == 6
     assert "at most 6 items are ever in flight (depth 3 x batch 2): starting 6 loaders" in caplog.text

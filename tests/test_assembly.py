@@ -9,9 +9,9 @@ import pytest
 from support.workbench import workbench
 
 from hydrax import TrainingBatch
-from hydrax.assembly import BatchAssembler
+from hydrax.run.assembly import BatchAssembler
 from hydrax.cache import RunCache
-from hydrax.schedule import local_seeds
+from hydrax.order.schedule import local_seeds
 
 pytestmark = pytest.mark.cpu_only
 
@@ -56,7 +56,7 @@ def test_a_batch_aliases_its_slot_while_another_stays_free_and_is_copied_after()
         del first
         gc.collect()
         jax.effects_barrier()
-        from hydrax.placement import collect_released_buffers
+        from hydrax.run.placement import collect_released_buffers
 
         collect_released_buffers(thorough=True)
         assert placer.held == set()  # the loop let go: the slot is free again
@@ -88,7 +88,7 @@ def test_a_placement_func_places_and_a_failing_one_frees_the_slot(monkeypatch):
         placer = assembler(bench, placement_func=lambda *args: 1 / 0)
         # pytest keeps every log record, and the failure's record holds its traceback, whose
         # frames hold the slot's views: keep it out of pytest's hands
-        monkeypatch.setattr(logging.getLogger("hydrax.pipeline"), "disabled", True)
+        monkeypatch.setattr(logging.getLogger("hydrax.run.pipeline"), "disabled", True)
         free = bench.arena.free_count
         with pytest.raises(ZeroDivisionError) as failure:
             placer.place(loaded(bench, 1, 1))

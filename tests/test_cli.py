@@ -35,7 +35,7 @@ def test_info_reports_backend_and_start_method():
     assert f"default backend {jax.default_backend()}" in result.stdout
     assert "workers start by: fork before JAX initialises, forkserver after\n" in result.stdout
     assert "memfd (supported)" in result.stdout
-    from hydrax.pinning import cuda_driver_available
+    from hydrax.procs.pinning import cuda_driver_available
 
     expected = "available (CUDA driver found)" if cuda_driver_available() else "not available"
     assert f"page-locked slots for GPU transfers: {expected}" in result.stdout

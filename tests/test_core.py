@@ -133,7 +133,7 @@ def test_release_on_another_thread_and_callback_errors_are_contained(arena, capl
         raise RuntimeError("callback failed")
 
     lease = _core.SlotLease(arena, 5, 0, 64, boom)
-    with caplog.at_level("ERROR", logger="hydrax.arena"):
+    with caplog.at_level("ERROR", logger="hydrax.procs.arena"):
         lease.seal()  # must not raise
     assert any("error recycling batch slot 5" in r.getMessage() for r in caplog.records)
 
@@ -141,7 +141,7 @@ def test_release_on_another_thread_and_callback_errors_are_contained(arena, capl
 @pytest.mark.cpu_only
 def test_jax_array_pins_the_slot_until_it_is_collected(arena):
     jax = pytest.importorskip("jax")
-    from hydrax.placement import collect_released_buffers
+    from hydrax.run.placement import collect_released_buffers
 
     freed = []
     lease = _core.SlotLease(arena, 0, 4096, 4096, freed.append)

@@ -11,9 +11,9 @@ import pytest
 from support.timing import slack
 from support.workbench import wait_until, workbench
 
-from hydrax import diagnosis as diagnosis_module
-from hydrax.diagnosis import HEARTBEAT_STALE_S, WorkerDiagnosis, process_activity, startup_failure_words
-from hydrax.messages import StartupReport
+from hydrax.run import diagnosis as diagnosis_module
+from hydrax.run.diagnosis import HEARTBEAT_STALE_S, WorkerDiagnosis, process_activity, startup_failure_words
+from hydrax.procs.messages import StartupReport
 
 
 def load_stuck_on_3(item, arrays, seed):
@@ -75,7 +75,7 @@ def test_start_up_words_say_what_to_do():
     words = startup_failure_words(unpickle)
     assert words.startswith("it could not unpickle what it runs") and "must be importable in a new process" in words
     assert words.endswith("  the worker's traceback:\n    Traceback\n      ...\n    ModuleNotFoundError")
-    from hydrax._forkserver import MAIN_IMPORT_FAILED
+    from hydrax.procs.forkserver import MAIN_IMPORT_FAILED
 
     main = startup_failure_words(StartupReport("unpickle", "SystemExit: 2", f"{MAIN_IMPORT_FAILED}\nSystemExit: 2"))
     assert 'keep the training code under `if __name__ == "__main__":`' in main

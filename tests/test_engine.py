@@ -7,9 +7,9 @@ import pytest
 from support.workbench import drain, make_engine
 
 from hydrax.errors import ConfigPicklingError
-from hydrax.pipeline import End
-from hydrax.processes import start_method
-from hydrax.run import RunPolicy
+from hydrax.run.pipeline import End
+from hydrax.procs.processes import start_method
+from hydrax.run.plan import RunPolicy
 
 
 
@@ -99,7 +99,7 @@ def test_slots_larger_than_the_machine_are_refused_naming_the_array():
     import numpy as np
 
     from hydrax import Dataloader, DataGroup
-    from hydrax.arena import machine_memory
+    from hydrax.procs.arena import machine_memory
     from hydrax.errors import ArenaMemoryError
 
     group = DataGroup(2, range(4), loader_arrays={"small": ((3,), np.int32, jnp.int32),

@@ -33,9 +33,9 @@ from hydrax.errors import (AccessDeniedError, ConfigPicklingError, HydraxError, 
 
 #: The library's modules (the command line, which talks to the user, has its own errors).
 LIBRARY = [
-    "hydrax", "hydrax.errors", "hydrax.loader", "hydrax.pipeline", "hydrax.workers", "hydrax._forkserver",
-    "hydrax.hosts", "hydrax.placement", "hydrax.group", "hydrax.batch", "hydrax.arena", "hydrax.schedule",
-    "hydrax.sharding", "hydrax.pinning", "hydrax.tqdm", "hydrax.shards", "hydrax.shards.build", "hydrax.shards.catalog",
+    "hydrax", "hydrax.errors", "hydrax.run.loader", "hydrax.run.pipeline", "hydrax.procs.workers", "hydrax.procs.forkserver",
+    "hydrax.run.hosts", "hydrax.run.placement", "hydrax.run.group", "hydrax.run.batch", "hydrax.procs.arena", "hydrax.order.schedule",
+    "hydrax.run.sharding", "hydrax.procs.pinning", "hydrax.tqdm", "hydrax.shards", "hydrax.shards.build", "hydrax.shards.catalog",
     "hydrax.shards.indexfile", "hydrax.shards.readahead", "hydrax.shards.shardset", "hydrax.shards.stats",
     "hydrax.shards.store", "hydrax.shards.tarindex", "hydrax.shards.verify", "hydrax.shards.writer", "hydrax.image",
     "hydrax.image.coefs", "hydrax.image.decode", "hydrax.image.icc", "hydrax.image.oklab", "hydrax.image.srgb",
@@ -80,12 +80,13 @@ def test_each_keeps_its_standard_parent(kind, parent):
 
 def test_errors_are_found_where_users_meet_them():
     import hydrax.shards
-    from hydrax import _forkserver, image, workers
+    from hydrax import image
+    from hydrax.procs import forkserver, workers
     from hydrax.shards import build
 
     assert hydrax.WorkerError is WorkerError and hydrax.BatchFailedError is errors.BatchFailedError
     assert hydrax.BatchTimeoutError is errors.BatchTimeoutError
-    assert workers.ConfigPicklingError is ConfigPicklingError and _forkserver.MainImportError is MainImportError
+    assert workers.ConfigPicklingError is ConfigPicklingError and forkserver.MainImportError is MainImportError
     assert hydrax.shards.ShardFormatError is ShardFormatError and issubclass(hydrax.shards.BuildError, HydraxError)
     assert build.BuildError is hydrax.shards.BuildError and issubclass(build.BuildError, ValueError)
     assert image.ImageError is errors.ImageError and image.ProfileError is errors.ProfileError
@@ -307,8 +308,8 @@ def test_without_logging_set_up_the_messages_reach_stderr_in_0_2_2_words(tmp_pat
 def test_with_logging_set_up_each_message_is_formatted_once(tmp_path):
     err = run_logging_script(tmp_path, "configured", "fork").stderr
     lines = err.splitlines()
-    assert "WARNING hydrax.loader | [hydrax]: shutting down due to ZeroDivisionError" in lines
-    assert "ERROR hydrax.workers | [hydrax] exception while loading data item: 5" in lines  # the forked worker's
+    assert "WARNING hydrax.run.loader | [hydrax]: shutting down due to ZeroDivisionError" in lines
+    assert "ERROR hydrax.procs.workers | [hydrax] exception while loading data item: 5" in lines  # the forked worker's
     assert err.count("shutting down due to") == 1 and err.count("exception while loading data item") == 1
     assert "ValueError: bad item five" in err
 

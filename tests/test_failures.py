@@ -6,11 +6,11 @@ import pytest
 from support.workbench import plan_training
 
 from hydrax import BatchFailedError, DataGroup
-from hydrax.failures import FailureBudget
-from hydrax.inflight import InFlight
-from hydrax.messages import Completion
-from hydrax.run import RunPolicy
-from hydrax.schedule import iter_steps
+from hydrax.run.failures import FailureBudget
+from hydrax.run.inflight import InFlight
+from hydrax.procs.messages import Completion
+from hydrax.run.plan import RunPolicy
+from hydrax.order.schedule import iter_steps
 
 GROUP = DataGroup(2, range(8), loader_arrays={"x": ((), np.int32, jnp.int32)})
 

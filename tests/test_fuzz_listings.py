@@ -507,7 +507,7 @@ import json, resource, sys
 import numpy as np
 from hydrax import DataGroup
 from hydrax.errors import HydraxError
-from hydrax.schedule import permutation
+from hydrax.order.schedule import permutation
 from hydrax.shards import ShardSet
 
 with open("/proc/self/status") as f:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support.timing import slack
 
-from hydrax.hosts import distributed_client, jax_process_split
+from hydrax.run.hosts import distributed_client, jax_process_split
 
 JOB = Path(__file__).resolve().parent / "support" / "agreement_job.py"
 ROOT = Path(__file__).resolve().parents[1]

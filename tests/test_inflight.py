@@ -5,8 +5,8 @@ import numpy as np
 from support.workbench import plan_training
 
 from hydrax import DataGroup
-from hydrax.inflight import InFlight
-from hydrax.schedule import iter_steps
+from hydrax.run.inflight import InFlight
+from hydrax.order.schedule import iter_steps
 
 
 def record(tasks=2):

@@ -1,10 +1,10 @@
-"""hydrax.liveness: whether a process named in a file lives."""
+"""hydrax.procs.liveness: whether a process named in a file lives."""
 
 import os
 import subprocess
 import sys
 
-from hydrax.liveness import process_alive
+from hydrax.procs.liveness import process_alive
 
 
 def test_a_dead_process_is_not_alive_and_a_live_one_is():

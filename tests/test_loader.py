@@ -12,8 +12,8 @@ from support.timing import slack, slack_int
 
 import hydrax
 from hydrax import BatchTimeoutError, Dataloader, DataGroup, TrainingBatch, ValidationBatch, is_worker
-from hydrax.schedule import batch_items, batch_seed, permutation
-from hydrax.orders import item_order
+from hydrax.order.schedule import batch_items, batch_seed, permutation
+from hydrax.order.orders import item_order
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32), "vec": ((3,), np.float32, jnp.float32)}
 
@@ -384,14 +384,14 @@ def test_leaving_the_block_early_counts_as_interrupted():
 
 
 def test_an_exception_in_the_loop_shuts_everything_down(caplog):
-    # Logged to "hydrax.loader" as a warning: a program without logging set up sees it on stderr
+    # Logged to "hydrax.run.loader" as a warning: a program without logging set up sees it on stderr
     # (tests/test_errors.py checks that); under pytest it is captured here.
     with pytest.raises(ZeroDivisionError):
         with Dataloader(load, DataGroup(2, range(40), loader_arrays=ARRAYS), loader_count=2) as dl:
             for _batch in dl:
                 _ = 1 / 0
     said = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
-    assert ("hydrax.loader", "WARNING", "[hydrax]: shutting down due to ZeroDivisionError") in said
+    assert ("hydrax.run.loader", "WARNING", "[hydrax]: shutting down due to ZeroDivisionError") in said
 
 
 def test_idle_time_counts_blocking_waits_only():

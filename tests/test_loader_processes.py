@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hydrax import Dataloader, DataGroup
-from hydrax.hosts import jax_process_split
+from hydrax.run.hosts import jax_process_split
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32), "pair": ((2,), np.float32, jnp.float32)}
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from hydrax.messages import TASK_BYTES, Completion, StartupReport, Task
+from hydrax.procs.messages import TASK_BYTES, Completion, StartupReport, Task
 
 
 def test_a_task_is_one_fixed_size_record_that_round_trips():

@@ -1,4 +1,4 @@
-"""Mixture schedules (hydrax.mixing, hydrax.orders.MixtureOrder): exact shares, passes, purity, O(1) cost."""
+"""Mixture schedules (hydrax.order.mixing, hydrax.order.orders.MixtureOrder): exact shares, passes, purity, O(1) cost."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from hydrax import _core, _fallback
-from hydrax.mixing import RANDOM_RUN, Layout, MixturePlan, check_weights, epoch_totals
-from hydrax.orders import LazyItems, MixtureOrder, epoch_order, local_positions, source_pass
-from hydrax.permute import round_keys_table
-from hydrax.schedule import LAZY_SOURCE, GroupPlan, host_share, read_order, share_ranges
+from hydrax.order.mixing import RANDOM_RUN, Layout, MixturePlan, check_weights, epoch_totals
+from hydrax.order.orders import LazyItems, MixtureOrder, epoch_order, local_positions, source_pass
+from hydrax.order.permute import round_keys_table
+from hydrax.order.schedule import LAZY_SOURCE, GroupPlan, host_share, read_order, share_ranges
 
 WEIGHTS = (0.7, 0.2, 0.1)
 
@@ -83,7 +83,7 @@ def test_weights_are_checked_with_the_culprit_named():
 
 def test_weights_whose_sum_or_size_passes_a_float_are_kept_exact():
     """Issue 38 row 8: only the weights' ratios count, so no float sum of them is ever taken."""
-    from hydrax import mixing
+    from hydrax.order import mixing
     from hydrax.errors import MixtureRangeError
 
     assert check_weights([1e308, 1e308], 2) == (1e308, 1e308)  # floats are kept as given
@@ -99,7 +99,7 @@ def test_weights_whose_sum_or_size_passes_a_float_are_kept_exact():
 def test_the_schedule_of_a_mixture_ends_after_the_last_epoch_its_positions_count():
     """Issue 38 row 8: epoch_size 2**61 at epoch 8 overflowed silently; the schedule, a pure
     function, stops after epoch 2 ((2 + 1) * 2**61 <= 2**63 - 1), where the Dataloader raises."""
-    from hydrax.schedule import Plan, iter_steps
+    from hydrax.order.schedule import Plan, iter_steps
 
     plan = mixture_plan(epoch_size=2**61)
     run = Plan(training=(plan,), start=(2, plan.batch_count - 2))
@@ -107,8 +107,8 @@ def test_the_schedule_of_a_mixture_ends_after_the_last_epoch_its_positions_count
     assert steps == [(2, plan.batch_count - 2), (2, plan.batch_count - 1)]
 
     from hydrax.errors import MixtureRangeError
-    from hydrax.mixing import check_epoch, last_epoch
-    from hydrax.schedule import check_epochs, epoch_limit
+    from hydrax.order.mixing import check_epoch, last_epoch
+    from hydrax.order.schedule import check_epochs, epoch_limit
 
     assert last_epoch(2**61) == 2 and last_epoch(2**63 - 1) == 0 and last_epoch(2**63) == -1
     assert epoch_limit(run) == (2**61, 2)

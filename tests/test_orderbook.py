@@ -1,4 +1,4 @@
-"""The order book (hydrax.orderbook): "numpy" orders stored once per host, ahead of need, two epochs at most."""
+"""The order book (hydrax.order.orderbook): "numpy" orders stored once per host, ahead of need, two epochs at most."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from support.timing import slack
 
-from hydrax.orderbook import OrderBook, needs_book, stored_epoch
-from hydrax.orders import ShareOrder
-from hydrax.schedule import GroupPlan, host_share, local_items, share_ranges
-from hydrax.orders import group_item_order
+from hydrax.order.orderbook import OrderBook, needs_book, stored_epoch
+from hydrax.order.orders import ShareOrder
+from hydrax.order.schedule import GroupPlan, host_share, local_items, share_ranges
+from hydrax.order.orders import group_item_order
 
 
 def plan_of(size=4000, batch_size=40, shuffle_later="itemwise", shuffle_first=True, seed=7, **kw) -> GroupPlan:

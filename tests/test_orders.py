@@ -1,4 +1,4 @@
-"""Lazy item orders (hydrax.orders): exact permutations, the shardwise structure, shares and resume."""
+"""Lazy item orders (hydrax.order.orders): exact permutations, the shardwise structure, shares and resume."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hydrax.orders import (ArrayOrder, EpochOrders, IdentityOrder, LazyItems, ShareOrder, epoch_order,
+from hydrax.order.orders import (ArrayOrder, EpochOrders, IdentityOrder, LazyItems, ShareOrder, epoch_order,
                            local_positions, order_array)
-from hydrax.permute import LazyPermutation
-from hydrax.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, batch_order, host_share,
+from hydrax.order.permute import LazyPermutation
+from hydrax.order.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, batch_order, host_share,
                              local_items, read_order, share_positions, share_ranges, shardwise_order)
-from hydrax.orders import item_order
+from hydrax.order.orders import item_order
 
 
 def plan_of(size=1000, batch_size=16, shuffle_later="itemwise", shuffle_first=True, seed=3, **kw) -> GroupPlan:

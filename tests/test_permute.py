@@ -9,7 +9,7 @@ import pytest
 
 from hydrax import _core
 from hydrax import _fallback
-from hydrax.permute import ROUNDS, LazyPermutation, permute, permute_range, round_keys
+from hydrax.order.permute import ROUNDS, LazyPermutation, permute, permute_range, round_keys
 
 try:
     from scipy import stats
@@ -306,7 +306,7 @@ def test_fixed_points_and_ascending_runs_are_those_of_random_permutations():
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 40])  # a few rows are computed with Python ints, many with numpy
 def test_a_table_of_round_keys_is_round_keys_of_each(rows):
-    from hydrax.permute import round_keys_table
+    from hydrax.order.permute import round_keys_table
 
     edges = [0, 1, 2, 4095, 2**32 + 7, 2**63 + 5, 2**64 - 1]
     values = np.array((edges * 6)[:rows] if rows < 40 else edges + list(range(1000, 1033)), dtype=np.uint64)

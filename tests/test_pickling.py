@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hydrax.pickling import dumps, unpicklable_part
+from hydrax.procs.pickling import dumps, unpicklable_part
 
 
 def make_closure():
@@ -50,7 +50,7 @@ def test_the_innermost_unpicklable_part_is_named():
 def test_large_buffers_travel_once_in_shared_memory():
     import numpy as np
 
-    from hydrax.pickling import SHARED_BUFFER_BYTES, SharedBuffers, dumps, loads_shared
+    from hydrax.procs.pickling import SHARED_BUFFER_BYTES, SharedBuffers, dumps, loads_shared
 
     big = np.arange(SHARED_BUFFER_BYTES // 4, dtype=np.int64)  # 2 MB
     small = np.arange(10, dtype=np.int32)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hydrax import _core, pinning
-from hydrax.pinning import PinnedRange, cuda_driver_available, pin_host_memory
+from hydrax.procs.pinning import PinnedRange, cuda_driver_available, pin_host_memory
 
 HAVE_CUDA = cuda_driver_available()
 SIZE = 1 << 20
@@ -41,7 +41,7 @@ def test_bad_arguments_raise(mapping):
 
 def test_disabled_by_the_environment(mapping, monkeypatch, caplog):
     monkeypatch.setenv("HYDRAX_PIN_MEMORY", "0")
-    with caplog.at_level(logging.DEBUG, logger="hydrax.pinning"):
+    with caplog.at_level(logging.DEBUG, logger="hydrax.procs.pinning"):
         assert pin_host_memory(mapping.address, SIZE) is None
     assert "HYDRAX_PIN_MEMORY=0" in caplog.text
 
@@ -52,7 +52,7 @@ def test_without_a_gpu_pinning_falls_back_and_leaves_nothing_behind(mapping, cap
     view = np.frombuffer(mapping, np.uint8)
     view[:] = 3
     fds, threads = open_fds(), threading.active_count()
-    with caplog.at_level(logging.DEBUG, logger="hydrax.pinning"):
+    with caplog.at_level(logging.DEBUG, logger="hydrax.procs.pinning"):
         assert pin_host_memory(mapping.address, SIZE) is None
         assert pin_host_memory(mapping.address, SIZE) is None
     assert caplog.text
@@ -67,7 +67,7 @@ def test_a_missing_driver_library_is_a_quiet_fallback(mapping, monkeypatch, capl
     monkeypatch.setattr(pinning, "_driver", None)
     monkeypatch.setattr(pinning, "_driver_error", None)
     assert not cuda_driver_available()
-    with caplog.at_level(logging.DEBUG, logger="hydrax.pinning"):
+    with caplog.at_level(logging.DEBUG, logger="hydrax.procs.pinning"):
         assert pin_host_memory(mapping.address, SIZE) is None
     assert "no CUDA driver" in caplog.text
     assert all(r.levelno == logging.DEBUG for r in caplog.records)
@@ -129,7 +129,7 @@ def test_the_driver_sequence_registers_with_the_primary_context_pushed(fake):
 
 def test_a_refused_registration_undoes_the_push_and_the_retain(fake, caplog):
     driver = fake(cuMemHostRegister=712)
-    with caplog.at_level(logging.INFO, logger="hydrax.pinning"):
+    with caplog.at_level(logging.INFO, logger="hydrax.procs.pinning"):
         assert pin_host_memory(0x10000, 8192) is None
     assert driver.names()[-3:] == ["cuMemHostRegister", "cuCtxPopCurrent", "cuDevicePrimaryCtxRelease"]
     assert "cuMemHostRegister failed: CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (712)" in caplog.text
@@ -139,7 +139,7 @@ def test_a_refused_registration_undoes_the_push_and_the_retain(fake, caplog):
                                         ("cuCtxPushCurrent", ["cuDevicePrimaryCtxRelease"])])
 def test_an_early_failure_undoes_exactly_what_was_done(fake, caplog, step, undo):
     driver = fake(**{step: 100})
-    with caplog.at_level(logging.INFO, logger="hydrax.pinning"):
+    with caplog.at_level(logging.INFO, logger="hydrax.procs.pinning"):
         assert pin_host_memory(0x10000, 8192) is None
     assert driver.names()[driver.names().index(step) + 1:] == undo
     assert f"{step}" in caplog.text and "CUDA_ERROR_OTHER (100)" in caplog.text
@@ -149,7 +149,7 @@ def test_release_never_raises_when_the_driver_refuses(fake, caplog):
     driver = fake()
     pinned = pin_host_memory(0x10000, 8192)
     driver.results.update(cuMemHostUnregister=713, cuDevicePrimaryCtxRelease=1)
-    with caplog.at_level(logging.INFO, logger="hydrax.pinning"):
+    with caplog.at_level(logging.INFO, logger="hydrax.procs.pinning"):
         pinned.release()
     assert "cuMemHostUnregister" in caplog.text and "cuDevicePrimaryCtxRelease failed" in caplog.text
     assert driver.names()[-2:] == ["cuCtxPopCurrent", "cuDevicePrimaryCtxRelease"]
@@ -177,7 +177,7 @@ def test_pinning_the_same_range_twice_is_refused(mapping, monkeypatch, caplog):
     pinned = pin_host_memory(mapping.address, SIZE)
     assert pinned is not None
     try:
-        with caplog.at_level(logging.INFO, logger="hydrax.pinning"):
+        with caplog.at_level(logging.INFO, logger="hydrax.procs.pinning"):
             assert pin_host_memory(mapping.address, SIZE) is None
         assert "cuMemHostRegister failed" in caplog.text
     finally:
@@ -185,7 +185,7 @@ def test_pinning_the_same_range_twice_is_refused(mapping, monkeypatch, caplog):
 
 
 def test_an_arena_without_a_gpu_stays_pageable_and_says_so():
-    from hydrax.arena import Arena
+    from hydrax.procs.arena import Arena
 
     arena = Arena(2, 1 << 20, 1)
     try:

@@ -6,8 +6,8 @@ import pytest
 from support.workbench import drain, make_engine
 
 from hydrax.errors import StoreError, WorkerError
-from hydrax.pipeline import End, Failure, chunk_bounds
-from hydrax.run import RunPolicy
+from hydrax.run.pipeline import End, Failure, chunk_bounds
+from hydrax.run.plan import RunPolicy
 
 
 def load(item, arrays, seed):

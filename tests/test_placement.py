@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hydrax.layout import ALIGNMENT, compute_layouts
-from hydrax.placement import TransferStats, aligned_copy, check_placed, default_placement
+from hydrax.run.placement import TransferStats, aligned_copy, check_placed, default_placement
 
 pytestmark = pytest.mark.cpu_only
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hydrax.processes import is_worker, start_method
+from hydrax.procs.processes import is_worker, start_method
 
 
 def child_is_worker(queue):
@@ -31,7 +31,7 @@ def run_python(code: str, cwd=None, env=None, stderr: list | None = None) -> str
 @pytest.mark.slow
 def test_fork_while_no_jax_backend_or_other_hazard_is_live_then_the_fork_server():
     out = run_python("""
-        from hydrax.processes import note_fork_hazard, start_method
+        from hydrax.procs.processes import note_fork_hazard, start_method
         import jax
         first = start_method()
         note_fork_hazard("obstore's request threads")
@@ -40,7 +40,7 @@ def test_fork_while_no_jax_backend_or_other_hazard_is_live_then_the_fork_server(
     assert out == "fork forkserver"
     assert run_python("""
         import jax, jax.numpy as jnp
-        from hydrax.processes import start_method
+        from hydrax.procs.processes import start_method
         jnp.zeros(1).block_until_ready()
         print(start_method())
     """) == "forkserver"
@@ -51,7 +51,7 @@ def test_fork_forced_where_forked_workers_would_hang_is_warned_of_once_naming_th
     worker that makes requests would hang, so the choice is logged as a warning, once."""
     out = run_python("""
         import logging, os
-        from hydrax.processes import note_fork_hazard, start_method
+        from hydrax.procs.processes import note_fork_hazard, start_method
         logging.basicConfig(format="%(levelname)s %(message)s")
         os.environ["HYDRAX_START_METHOD"] = "fork"
         print(start_method(), flush=True)
@@ -72,7 +72,7 @@ def test_jax_started_by_a_running_loader_leaves_the_fork_server_to_the_next_run(
         import multiprocessing.forkserver as fs
         import numpy as np, jax.numpy as jnp
         from hydrax import DataGroup, Dataloader
-        from hydrax.processes import jax_backend_live
+        from hydrax.procs.processes import jax_backend_live
 
         def server():
             return fs._forkserver._forkserver_pid
@@ -257,7 +257,7 @@ def test_a_fork_server_is_refused_when_sys_path_now_finds_another_hydrax_first(t
     out = run_python(f"""
         import sys
         from hydrax.errors import ForkServerImportError
-        from hydrax.processes import warm_forkserver
+        from hydrax.procs.processes import warm_forkserver
         sys.path.insert(0, {str(stale)!r})
         try:
             warm_forkserver()

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from hydrax import DataGroup
-from hydrax.messages import TASK_BYTES
-from hydrax.run import TASK_PIPE_BUDGET, RunPolicy, plan_run, share_layout, with_cachers
-from hydrax.schedule import TrainingStep, ValidationStep, batch_items, iter_steps
-from hydrax.orders import item_order
+from hydrax.procs.messages import TASK_BYTES
+from hydrax.run.plan import TASK_PIPE_BUDGET, RunPolicy, plan_run, share_layout, with_cachers
+from hydrax.order.schedule import TrainingStep, ValidationStep, batch_items, iter_steps
+from hydrax.order.orders import item_order
 
 ARRAYS = {"x": ((3,), np.float32, jnp.float32)}
 

@@ -15,7 +15,7 @@ import pytest
 from support.timing import slack
 
 from hydrax import Dataloader, DataGroup
-from hydrax.orders import epoch_order
+from hydrax.order.orders import epoch_order
 
 ARRAYS = {"item": ((), np.int64, jnp.int64)}
 
@@ -76,7 +76,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import jax.numpy as jnp
     from hydrax import Dataloader, DataGroup
-    from hydrax.orders import epoch_order
+    from hydrax.order.orders import epoch_order
 
     def load(item, arrays, seed):
         arrays["item"][...] = item

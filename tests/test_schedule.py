@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 import pytest
 
-from hydrax.schedule import (GroupPlan, Plan, TrainingStep, ValidationStep, batch_items, batch_order, batch_seed,
+from hydrax.order.schedule import (GroupPlan, Plan, TrainingStep, ValidationStep, batch_items, batch_order, batch_seed,
                              epoch_group_sequence, iter_steps, normalise_start, permutation, read_order,
                              stream_positions)
-from hydrax.orders import item_order, validation_item_order
+from hydrax.order.orders import item_order, validation_item_order
 
 
 def plan(n=8, bs=2, seed=5, first=False, later="itemwise"):
@@ -306,7 +306,7 @@ def test_stream_shares_are_disjoint_and_make_the_whole_run(count, first):
 @pytest.mark.parametrize("counts", [[5], [3, 7], [4, 4, 4], [1, 9, 2], [6, 10, 15], [2, 3, 5, 7, 11], [1, 1], [12, 8]])
 @pytest.mark.parametrize("interleave", [True, False])
 def test_an_epoch_resumes_anywhere_by_arithmetic(counts, interleave):
-    from hydrax.schedule import epoch_sequence, interleaved_cursors
+    from hydrax.order.schedule import epoch_sequence, interleaved_cursors
 
     whole = list(epoch_sequence(counts, interleave))
     assert sorted(whole) == sorted((g, c) for g, n in enumerate(counts) for c in range(n))
@@ -318,7 +318,7 @@ def test_an_epoch_resumes_anywhere_by_arithmetic(counts, interleave):
 
 
 def test_resuming_a_billion_item_epoch_walks_nothing():
-    from hydrax.schedule import epoch_sequence, interleaved_cursors
+    from hydrax.order.schedule import epoch_sequence, interleaved_cursors
 
     counts = [10**9 // 256, 10**8 // 256, 3 * 10**7 // 64]
     half = sum(counts) // 2

@@ -1,7 +1,7 @@
 """Canonical shard partitions: with P hosts, each reads about 1/P of the shards every epoch.
 
-Pure tests of :func:`hydrax.schedule.shardwise_order` with ``partitions`` > 1,
-:func:`~hydrax.schedule.partition_shards` and :func:`~hydrax.schedule.host_shards`; the loader
+Pure tests of :func:`hydrax.order.schedule.shardwise_order` with ``partitions`` > 1,
+:func:`~hydrax.order.schedule.partition_shards` and :func:`~hydrax.order.schedule.host_shards`; the loader
 test with real processes is in ``test_shards_sampler.py``.
 """
 
@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hydrax.schedule import (GroupPlan, Plan, batch_items, host_positions, host_share, iter_steps, local_items,
+from hydrax.order.schedule import (GroupPlan, Plan, batch_items, host_positions, host_share, iter_steps, local_items,
                              partition_shards, shardwise_order)
-from hydrax.orders import host_shards, item_order
+from hydrax.order.orders import host_shards, item_order
 
 #: Uneven shards: a few large, some tiny, one empty.
 SIZES = (23, 7, 31, 12, 5, 18, 27, 9, 14, 3, 21, 16, 11, 25, 8, 19, 0, 13, 22, 6, 17, 10, 29, 15)
@@ -197,7 +197,7 @@ def test_partitions_need_a_batch_size_they_divide():
 def test_the_order_is_pure():
     plan = make_plan()
     first = item_order(plan, 3)
-    assert item_order(plan, 3).tolist() == first.tolist()  # not cached here: each process keeps its own (hydrax.orders.EpochOrders)
+    assert item_order(plan, 3).tolist() == first.tolist()  # not cached here: each process keeps its own (hydrax.order.orders.EpochOrders)
     assert first.tolist() == shardwise_order(SIZES, 5, 3, 3, 4, 16).tolist()
     assert first.tolist() != item_order(plan, 2).tolist()
     assert first.tolist() != item_order(make_plan(partitions=2), 3).tolist()

@@ -21,7 +21,7 @@ import zmq
 
 from hydrax import tenbin
 from hydrax.errors import PeerTimeoutError, SchemaError
-from hydrax.schedule import stream_positions
+from hydrax.order.schedule import stream_positions
 from hydrax.serve import Collector, Curve, curve_keypair, envelope
 from hydrax.serve.reliable import ShareSender
 from hydrax.serve.sharedmem import host_identity

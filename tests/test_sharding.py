@@ -261,9 +261,9 @@ def _one_device_sharding():
 def test_placement_aliases_the_slot_by_either_route(route, monkeypatch):
     import jax.numpy as jnp
 
-    from hydrax import placement
+    from hydrax.run import placement
     from hydrax.layout import slot_layout
-    from hydrax.sharding import plan_group
+    from hydrax.run.sharding import plan_group
 
     if route == "public":
         monkeypatch.setattr(placement, "_batched_put", False)

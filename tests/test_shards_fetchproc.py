@@ -171,7 +171,7 @@ def test_the_pool_size_grows_with_the_host_and_its_budget_splits_by_bytes():
 
 def test_with_fork_started_workers_read_ahead_stays_a_thread(monkeypatch, tmp_path):
     """Where workers are forked (no fork server), read-ahead runs as a thread, as before."""
-    from hydrax.processes import helpers_allowed
+    from hydrax.procs.processes import helpers_allowed
     from hydrax.shards.fetchproc import make_fetcher
     from hydrax.shards.readahead import ReadAhead
 

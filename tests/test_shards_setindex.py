@@ -13,7 +13,7 @@ import pytest
 from support.timing import slack_int
 
 from hydrax.errors import ObjectChangedError
-from hydrax.pickling import dumps
+from hydrax.procs.pickling import dumps
 from hydrax.shards import ShardEntry, ShardIndex, ShardSet, ShardWriter, open_index, write_manifest
 from hydrax.shards.catalog import ShardTable, UrlList
 from hydrax.shards.setindex import HEADER_SIZE, SetIndex, set_index_bytes, set_index_path, urls_digest
@@ -346,7 +346,7 @@ def test_a_manifest_shardset_holds_no_object_per_shard(tmp_path):
 
 
 def loads_shared_copy(packed, shared):
-    """Unpickle what :func:`hydrax.pickling.dumps` made, its buffers read-only, as workers get them."""
+    """Unpickle what :func:`hydrax.procs.pickling.dumps` made, its buffers read-only, as workers get them."""
     return pickle.loads(packed, buffers=[memoryview(bytes(b)) for b in shared])
 
 

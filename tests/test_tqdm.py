@@ -212,7 +212,7 @@ def test_exception_thrown_into_tbatches_runs_exit_path(clean_process, caplog):
     next(batches)
     with pytest.raises(KeyError):
         batches.throw(KeyError("stop"))
-    # logged to "hydrax.loader" (on stderr when a program sets up no logging; captured here)
+    # logged to "hydrax.run.loader" (on stderr when a program sets up no logging; captured here)
     assert "[hydrax]: shutting down due to KeyError" in [r.getMessage() for r in caplog.records]
     assert loader.interrupted
 

@@ -9,8 +9,8 @@ from support.timing import slack
 from support.workbench import wait_until, workbench
 
 from hydrax.errors import StoreError
-from hydrax.messages import Completion, StartupReport
-from hydrax.schedule import local_seeds
+from hydrax.procs.messages import Completion, StartupReport
+from hydrax.order.schedule import local_seeds
 
 
 def load(item, arrays, seed):
@@ -149,4 +149,4 @@ def test_an_error_that_ends_the_run_met_by_every_item_in_flight_is_logged_once(t
     assert err.count("ShardFormatError: shard-000.tar: the manifest counts 10 samples") == 1
     if method == "fork":  # the forked workers' records are marked: one for the error, from one worker
         records = [line for line in err.splitlines() if line.startswith("RECORD") and "exception while loading" in line]
-        assert len(records) == 1 and records[0].split()[2] == "hydrax.workers"
+        assert len(records) == 1 and records[0].split()[2] == "hydrax.procs.workers"

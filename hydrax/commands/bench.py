@@ -149,7 +149,7 @@ def _plan(args: argparse.Namespace, dataset):
     # JAX loads only once the shards are known to be readable: a bad shard fails at once
     import jax.numpy as jnp
 
-    from ..group import DataGroup
+    from ..run.group import DataGroup
 
     arrays = {"bytes": ((), np.int64, jnp.int64)}
     if args.decode == "image":
@@ -182,7 +182,7 @@ class _Measured(NamedTuple):
 
 def _measure(args: argparse.Namespace, loader_func, group, bar) -> _Measured:
     """Run the Dataloader for ``--seconds``, showing the rates on ``bar`` as they come."""
-    from ..loader import Dataloader
+    from ..run.loader import Dataloader
 
     items = batches = size = 0
     waited = 0

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if workers > 1:
         import multiprocessing
 
-        from ..processes import start_method
+        from ..procs.processes import start_method
 
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start_method()))
     failed = samples = done = 0

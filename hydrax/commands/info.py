@@ -17,7 +17,7 @@ def run(_args: argparse.Namespace) -> int:
     import numpy
 
     from .. import __version__
-    from ..processes import start_method
+    from ..procs.processes import start_method
 
     before_jax = start_method()
     print(f"hydrax {__version__} (Python {platform.python_version()}, numpy {numpy.__version__})")
@@ -31,7 +31,7 @@ def run(_args: argparse.Namespace) -> int:
     forced = os.environ.get("HYDRAX_START_METHOD")
     print(f"workers start by: {before_jax} before JAX initialises, {start_method()} after" + (f" (forced by HYDRAX_START_METHOD={forced})" if forced else ""))
     print(f"shared memory: memfd ({'supported' if hasattr(os, 'memfd_create') else 'NOT supported'})")
-    from ..pinning import cuda_driver_available
+    from ..procs.pinning import cuda_driver_available
 
     pinning = "off (HYDRAX_PIN_MEMORY=0)" if os.environ.get("HYDRAX_PIN_MEMORY") == "0" else (
         "available (CUDA driver found)" if cuda_driver_available() else "not available (no CUDA driver or device)")

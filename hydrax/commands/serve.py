@@ -355,8 +355,8 @@ def _make_loader(args: argparse.Namespace, dataset, label_fields: tuple[str, ...
     # JAX loads only once the shards are known to be readable: a bad shard fails at once
     import jax.numpy as jnp
 
-    from ..group import DataGroup
-    from ..loader import Dataloader
+    from ..run.group import DataGroup
+    from ..run.loader import Dataloader
 
     arrays = {"image": ((args.size, args.size, 3), np.uint8, jnp.uint8), "label": ((), np.int32, jnp.int32)}
     shuffle = {"shardwise": "shardwise", "itemwise": "itemwise", "none": "repeat"}[args.shuffle]
@@ -420,7 +420,7 @@ def _no_fork_server() -> None:
     safe (no object-store threads yet); the fork server, which would import JAX for runs to come,
     is then only a few seconds of CPU taken from the loaders (and a traceback at Ctrl+C).
     """
-    from ..processes import start_method
+    from ..procs.processes import start_method
 
     if "HYDRAX_START_METHOD" not in os.environ and start_method() == "fork":
         os.environ["HYDRAX_START_METHOD"] = "fork"

@@ -66,7 +66,7 @@ def _verify_all(urls: list[str], decode: bool, options, workers: int, quiet: boo
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from ..processes import start_method
+    from ..procs.processes import start_method
 
     context = multiprocessing.get_context(start_method())
     results: list = [None] * len(urls)

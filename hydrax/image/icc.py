@@ -85,7 +85,9 @@ def _s15f16(data: bytes, offset: int, count: int) -> tuple[float, ...]:
     return tuple(v / 65536.0 for v in struct.unpack_from(f">{count}i", data, offset))
 
 
-def _tag_table(data: bytes) -> dict[bytes, tuple[int, int]]:
+def tag_table(data: bytes) -> dict[bytes, tuple[int, int]]:
+    """The profile's tags, signature -> (offset, size), each checked to lie inside ``data``;
+    :class:`ProfileError` names what is wrong with a damaged header or table."""
     if len(data) < 132:
         raise ProfileError(f"the ICC profile is {len(data)} bytes, shorter than its 132-byte header")
     declared = struct.unpack_from(">I", data, 0)[0]
@@ -164,7 +166,7 @@ def parse(data: bytes) -> MatrixTRC | None:
     (``A2B0``/``A2B1``/``A2B2``) LittleCMS would prefer over its matrix. Raises
     :class:`ProfileError` for a damaged profile.
     """
-    tags = _tag_table(data)
+    tags = tag_table(data)
     if data[16:20] != b"RGB " or data[20:24] != b"XYZ ":
         return None
     if any(name in tags for name in (b"A2B0", b"A2B1", b"A2B2")):
@@ -183,7 +185,7 @@ def parse(data: bytes) -> MatrixTRC | None:
 def description(data: bytes) -> str:
     """A short human name for the profile (its ``desc`` tag), or ``"unnamed"``."""
     try:
-        tags = _tag_table(data)
+        tags = tag_table(data)
         offset, size = tags[b"desc"]
     except (ProfileError, KeyError):
         return "unnamed"

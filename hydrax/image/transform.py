@@ -130,7 +130,7 @@ def _build(profile: bytes | None, mode: str, space: str) -> PixelTransform:
     if mode in ("RGB", "RGBA", "RGBX"):
         model = icc.parse(profile)
     else:
-        icc._tag_table(profile)  # a damaged profile is reported the same way for every mode
+        icc.tag_table(profile)  # a damaged profile is reported the same way for every mode
     if model is not None:
         tables = model.linear_tables()
         if not (np.isfinite(tables).all() and np.isfinite(model.matrix).all()):

@@ -23,7 +23,7 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
-from ..arguments import LOADERS_PER_CPU, MIN_LOADER_LIMIT
+from ..run.arguments import LOADERS_PER_CPU, MIN_LOADER_LIMIT
 from ..errors import ServeArgumentError, ServeArgumentTypeError, ServeError
 from ..serve import Collector, Message, ServeReport, serve
 from .runtime import import_ray
@@ -160,8 +160,8 @@ def check_producers(producers: Any, cluster_cpus: float) -> int:
     Every actor handle is made before :func:`serve_on_ray` returns, so a number no cluster can
     run (``10**6``) would hold the call for minutes, out of reach of ``timeout``, which only the
     returned :class:`Source` applies. The bound is the one a Dataloader's ``loader_count`` has on
-    one machine (:data:`hydrax.arguments.LOADERS_PER_CPU` per CPU, at least
-    :data:`hydrax.arguments.MIN_LOADER_LIMIT`): producers waiting on storage may outnumber the
+    one machine (:data:`hydrax.run.arguments.LOADERS_PER_CPU` per CPU, at least
+    :data:`hydrax.run.arguments.MIN_LOADER_LIMIT`): producers waiting on storage may outnumber the
     CPUs, but not by more than that.
     """
     check_producer_type(producers)

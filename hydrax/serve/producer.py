@@ -17,8 +17,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..batch import Batch
-from ..schedule import stream_positions
+from ..run.batch import Batch
+from ..order.schedule import stream_positions
 from .connection import Connection
 from .envelope import EPOCH_END
 from .reliable import ShareSender

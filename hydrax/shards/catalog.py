@@ -98,7 +98,7 @@ class UrlList(Sequence[str]):
     All of it is one uint8 array: the count (int64), the ends of the strings (int64, count + 1,
     the first 0), then the strings, UTF-8 (``surrogateescape``, so any path goes through). Pickled
     it is that array: at a megabyte or more, workers started from the fork server map it from
-    shared memory (see :mod:`hydrax.pickling`) instead of each holding a Python list of strings.
+    shared memory (see :mod:`hydrax.procs.pickling`) instead of each holding a Python list of strings.
     ``urls[i]`` gives a new str; a slice, a list of them. It compares equal to a list (or tuple)
     of the same strings, and to a :class:`UrlList` of them.
     """

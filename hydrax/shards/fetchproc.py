@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
+from ..procs.processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
 from .readahead import EMPTY_STATS, MIN_BUDGET, Fetcher, ReadAhead, held_files
 
@@ -71,7 +71,7 @@ def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int
     """The read-ahead of ``shards`` (a ShardSet, whose pickle each fetch process gets): a
     :class:`FetchProcess`, or a :class:`FetchPool` of ``count`` of them (``sizes``: the shards'
     bytes; ``held_urls``: the shard URL of each folder of the files ``held``), where
-    :func:`~hydrax.processes.helpers_allowed` allows it and they start; else the Fetcher thread
+    :func:`~hydrax.procs.processes.helpers_allowed` allows it and they start; else the Fetcher thread
     ``thread_fetcher(options, held)`` makes (which also takes over from a fetch process that
     keeps dying, given the files it held)."""
     if helpers_allowed():

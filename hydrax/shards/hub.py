@@ -450,7 +450,7 @@ def _threads(size: int) -> ThreadPoolExecutor:
             if found is None or found[0] != os.getpid() or found[1] < size:
                 # A smaller set left behind finishes what it runs, then idles.
                 found = _executor = (os.getpid(), size, ThreadPoolExecutor(size, thread_name_prefix="hydrax-hub"))
-                from ..processes import note_fork_hazard
+                from ..procs.processes import note_fork_hazard
 
                 note_fork_hazard("the Hugging Face Hub store's request threads")
     return found[2]

@@ -27,7 +27,7 @@ import signal
 from typing import Any
 
 from ..errors import StoreError
-from ..processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
+from ..procs.processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
 from .catalog import BUILD_REQUESTS, ShardEntry, build_index_async
 from .indexfile import ShardIndex

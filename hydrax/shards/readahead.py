@@ -66,7 +66,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..liveness import process_alive
+from ..procs.liveness import process_alive
+from ..procs.processes import at_server_exit
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +347,11 @@ def sweep_dead_roots() -> None:
             match = pattern.match(entry)
             if match and not process_alive(int(match.group(1))):
                 shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
+
+
+# A fork server outlives a killed main process by a moment: it sweeps that process's folder (in
+# /dev/shm, where it held memory) as it exits, rather than leave it to a later hydrax process.
+at_server_exit(sweep_dead_roots)
 
 
 #: A :class:`Fetcher`'s statistics before it has done anything (see ``ShardSet.readahead_stats``).

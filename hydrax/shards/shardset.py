@@ -30,7 +30,7 @@ What a ShardSet knows of every shard is held without a Python object per shard: 
 sizes, sample counts and versions in a :class:`~hydrax.shards.catalog.ShardTable` (arrays);
 :meth:`ShardSet.shard_entry` makes a :class:`ShardEntry` on demand. Those arrays are what a
 pickled ShardSet carries, so workers started from the fork server map them from one shared copy
-(see :mod:`hydrax.pickling`) once they reach a megabyte, about 30,000 shards.
+(see :mod:`hydrax.procs.pickling`) once they reach a megabyte, about 30,000 shards.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
-from ..processes import start_forkserver_early
+from ..procs.processes import start_forkserver_early
 from .catalog import (BuildSink, ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index,
                       load_index_async, resolve_set)
 from .indexfile import ShardIndex

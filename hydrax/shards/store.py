@@ -10,7 +10,7 @@ GIL, many at once, and the same code serves ``s3://``, ``gs://`` and ``http(s):/
 by measurement over boto3 with a thread pool and over fsspec/s3fs (see
 ``docs/object-storage.rst``). Its threads do not survive a ``fork``: once a remote store has been
 used in a process, hydrax starts its workers from the fork server instead (see
-:func:`hydrax.workers.note_fork_hazard`); a worker makes its own store on first use.
+:func:`hydrax.procs.workers.note_fork_hazard`); a worker makes its own store on first use.
 
 ``hf://`` URLs (datasets and models on the Hugging Face Hub) are served by
 :class:`hydrax.shards.hub.HubStore`, which speaks the Hub's own API (the router sends them
@@ -422,7 +422,7 @@ class ObjectStore(Store):
                     raise _Misconfigured(f"the {self._kind} store could not be set up: {_short(str(exc))}; "
                                          f"check {self._settings}") from exc
                 self._pid = os.getpid()
-                from ..processes import note_fork_hazard
+                from ..procs.processes import note_fork_hazard
 
                 note_fork_hazard("obstore's request threads (used for remote shards)")
         return self._client

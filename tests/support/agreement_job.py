@@ -1,4 +1,4 @@
-"""One process of a two-process run that drives :class:`hydrax.hosts.HostAgreement` by hand.
+"""One process of a two-process run that drives :class:`hydrax.run.hosts.HostAgreement` by hand.
 
 Run as ``python tests/support/agreement_job.py PROCESS_ID PORT SCENARIO`` for process 0 and 1;
 prints one JSON line: what each ``wait_for`` did. Used by ``tests/test_hosts.py``.
@@ -17,7 +17,7 @@ process_id, port, scenario = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=60)
 
-from hydrax.hosts import HostAgreement, distributed_client, jax_process_split  # noqa: E402
+from hydrax.run.hosts import HostAgreement, distributed_client, jax_process_split  # noqa: E402
 
 split = jax_process_split()
 agreement = HostAgreement(distributed_client(), process_id, 2, compare_forms=scenario == "forms")

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from hydrax import DataGroup
-from hydrax.arena import Arena
-from hydrax.inflight import InFlight
-from hydrax.messages import Task
-from hydrax.processes import start_method
-from hydrax.run import RunGroups, RunPolicy, plan_run
-from hydrax.schedule import Plan, iter_steps
-from hydrax.workers import GroupSpec, WorkerConfig, WorkerPool
+from hydrax.procs.arena import Arena
+from hydrax.run.inflight import InFlight
+from hydrax.procs.messages import Task
+from hydrax.procs.processes import start_method
+from hydrax.run.plan import RunGroups, RunPolicy, plan_run
+from hydrax.order.schedule import Plan, iter_steps
+from hydrax.procs.workers import GroupSpec, WorkerConfig, WorkerPool
 
 ARRAYS = {"item": ((), np.int32, jnp.int32), "seed": ((), np.int32, jnp.int32)}
 
@@ -73,7 +73,7 @@ def workbench(loader: Callable, *, workers: int = 1, method: str | None = None, 
               skip_failed_items: bool = False, data: Any = range(8), batch_size: int = 4, queued: int = 0):
     """A started pool of ``workers`` over one training group of ``data``; ``queued`` tasks (of the
     first batches, one each) are queued before the workers start. ``method``: how the workers
-    start (default: as a run would, see :func:`hydrax.processes.start_method`)."""
+    start (default: as a run would, see :func:`hydrax.procs.processes.start_method`)."""
     group = DataGroup(batch_size, data, loader_arrays=ARRAYS, seed=7)
     schedule, groups = plan_training(group, epochs=2)
     arena = Arena(2, groups.training[0].layout.size, workers, items=batch_size)
@@ -102,9 +102,9 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def make_engine(loader: Callable, policy=None, *, data: Any = range(8), batch_size: int = 2, epochs: int = 1, **group: Any):
-    """An :class:`~hydrax.engine.Engine` (not started) over one training group of ``data``."""
-    from hydrax.engine import Engine, RunFunctions
-    from hydrax.run import with_cachers
+    """An :class:`~hydrax.run.engine.Engine` (not started) over one training group of ``data``."""
+    from hydrax.run.engine import Engine, RunFunctions
+    from hydrax.run.plan import with_cachers
 
     policy = policy or RunPolicy(loader_count=2)
     schedule, groups = plan_training(DataGroup(batch_size, data, loader_arrays=ARRAYS, **group), epochs=epochs, policy=policy)
@@ -113,8 +113,8 @@ def make_engine(loader: Callable, policy=None, *, data: Any = range(8), batch_si
 
 def drain(engine, timeout: float = 30.0) -> list:
     """Everything the engine's pipeline queues until its end or first failure, with batches
-    (placed if they came :class:`~hydrax.pipeline.Ready`) as their ``item`` lists."""
-    from hydrax.pipeline import End, Failure, Ready
+    (placed if they came :class:`~hydrax.run.pipeline.Ready`) as their ``item`` lists."""
+    from hydrax.run.pipeline import End, Failure, Ready
 
     out = []
     while True:

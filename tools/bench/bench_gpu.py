@@ -14,7 +14,7 @@ in one process:
 2. the same with ``x.sum()`` computed on the device after each transfer, serially: what a naive
    loop that neither overlaps nor prefetches gets;
 3. ``device_put`` of a batch that lives in a memfd mapping (as an arena slot does), in a loop;
-4. the same mapping page-locked with :func:`hydrax.pinning.pin_host_memory` (when the CUDA
+4. the same mapping page-locked with :func:`hydrax.procs.pinning.pin_host_memory` (when the CUDA
    driver allows it);
 5. a full hydrax run: ``--workers`` loader processes fill batches in shared memory with a cheap
    memset-like write, the default placement sends them to the device, and the consumer computes
@@ -83,10 +83,10 @@ class _Reasons(logging.Handler):
 
 
 def pin(address: int, nbytes: int):
-    """``(PinnedRange or None, reason)``: the reason is what hydrax.pinning logged on failure."""
-    from hydrax.pinning import pin_host_memory
+    """``(PinnedRange or None, reason)``: the reason is what hydrax.procs.pinning logged on failure."""
+    from hydrax.procs.pinning import pin_host_memory
 
-    log = logging.getLogger("hydrax.pinning")
+    log = logging.getLogger("hydrax.procs.pinning")
     handler, level = _Reasons(), log.level
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)

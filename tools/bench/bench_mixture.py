@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hydrax import Dataloader, DataGroup, Mixture
-from hydrax.orders import epoch_order
+from hydrax.order.orders import epoch_order
 
 ARRAYS = {"x": ((16,), np.int64, jnp.int64)}
 

@@ -2,7 +2,7 @@
 at some positions of a shuffled order of n items.
 
 ``kernel``
-    ``_core.feistel_permute`` (what :mod:`hydrax.permute` calls): O(1) memory, each position on
+    ``_core.feistel_permute`` (what :mod:`hydrax.order.permute` calls): O(1) memory, each position on
     its own.
 ``twin``
     ``_fallback.feistel_permute``, the same permutation in numpy (the tests' oracle).
@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from hydrax import _core, _fallback
-from hydrax.permute import permute_range, round_keys
+from hydrax.order.permute import permute_range, round_keys
 
 #: (n, positions): "all" for every position, else a count of consecutive positions.
 CASES = [(1000, "all"), (10**6, "all"), (10**6, "task"), (10**7, "task"), (2**32 + 1, "task"), (2**32 + 1, 10**6),

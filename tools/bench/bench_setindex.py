@@ -13,7 +13,7 @@ by the manifest (per-shard indexes loaded as shards are read), each in fresh pro
   written); second open: the same ``cache_dir`` (the set index is reused after a ``stat`` per
   shard);
 - the ShardSet's pickle (cloudpickle): size and time to pickle and to unpickle; and, as sent to
-  workers started from the fork server (:func:`hydrax.pickling.dumps` with ``shared``), the size
+  workers started from the fork server (:func:`hydrax.procs.pickling.dumps` with ``shared``), the size
   of what stays in the pickle and of the buffers that go out of band into the shared memfd;
 - a ``hydrax.Dataloader`` (batch ``--batch``, ``--loaders`` loader processes, a trivial loader
   that reads every field of its sample) started by fork and by the fork server (JAX initialised
@@ -122,7 +122,7 @@ def child_open(source: str, cache: str) -> dict:
     start = time.perf_counter()
     cloudpickle.loads(packed)
     unpickled = time.perf_counter() - start
-    from hydrax.pickling import SHARED_BUFFER_BYTES, dumps
+    from hydrax.procs.pickling import SHARED_BUFFER_BYTES, dumps
 
     shared: list = []
     in_band = dumps(dataset, shared)

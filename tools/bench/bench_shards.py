@@ -241,7 +241,7 @@ def webdataset_rate(pattern: str, tuned_malloc: bool = False) -> float:
     import webdataset as wds
 
     if tuned_malloc:
-        from hydrax.processes import tune_malloc
+        from hydrax.procs.processes import tune_malloc
 
         tune_malloc()
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 Each function takes one argument (or a few that go together) as the user passed it and returns
 it checked and normalised, or raises the ``TypeError``/``ValueError`` hydrax 0.2.2 raised (its
 words, where it had any). :func:`run_policy` turns the run's settings into a
-:class:`~hydrax.run.RunPolicy`.
+:class:`~hydrax.run.plan.RunPolicy`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
-from .checkpoint import LoaderState
+from ..checkpoint import LoaderState
 from .group import DataGroup
 from .hosts import jax_process_split
-from .processes import is_worker
-from .run import RunPolicy
+from ..procs.processes import is_worker
+from .plan import RunPolicy
 
-log = logging.getLogger("hydrax.loader")
+log = logging.getLogger("hydrax.run.loader")
 
 #: The choices of ``on_item_error``.
 ON_ITEM_ERROR = ("drop_batch", "skip_item", "raise")

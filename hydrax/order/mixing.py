@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import MixtureRangeError
+from ..errors import MixtureRangeError
 
 #: The ways positions are spread over a mixture's batches (see the module's docstring).
 BATCHINGS = ("random", "stratified")

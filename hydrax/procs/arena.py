@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 PAGE = 4096
 #: Bytes of status per worker: heartbeat ns, stop flag, task id, position, item start ns.
@@ -132,7 +132,7 @@ class Arena:
         """Page-lock the whole arena with the CUDA driver, so transfers to a GPU read it directly.
 
         Once per run, from the process that transfers; False (and nothing changed) where that is
-        not possible (see :mod:`hydrax.pinning`). The registration ends when the mapping goes,
+        not possible (see :mod:`hydrax.procs.pinning`). The registration ends when the mapping goes,
         after the last view of it (and so the last transfer from it) is gone.
         """
         from .pinning import pin_host_memory

@@ -4,7 +4,7 @@
 ...)`` gives batches in which about 70% of the items are web samples, 20% curated ones and 10%
 synthetic ones, every epoch, with each source reshuffled whenever it has been read through. Which
 item every position holds is a pure function of (seed, epoch, position) (see
-:mod:`hydrax.mixing`), so a run resumes exactly at any ``(epoch, batch)`` with any number of
+:mod:`hydrax.order.mixing`), so a run resumes exactly at any ``(epoch, batch)`` with any number of
 loaders or hosts, and nothing of the epoch's size is ever held.
 
 The mixture is a sequence of all its sources' items, source 0's first: item ``i`` is
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from .. import _core
 from .mixing import BATCHINGS, MixturePlan, check_epoch, check_weights, proportions
 
 
@@ -35,7 +35,7 @@ class Mixture(Sequence):
     :param weights: one positive number per source; only their ratios count. An epoch holds
         ``round(w * epoch_size)`` items of each source (exactly, by largest remainders). Any
         size works (``1e308``, ``10**400``) as long as each weight's ratio to the largest is a
-        float above 0 (see :func:`hydrax.mixing.check_weights`).
+        float above 0 (see :func:`hydrax.order.mixing.check_weights`).
     :param epoch_size: positions per epoch (default: the sum of the sources' lengths). The
         group's ``batch_size`` divides it into batches; the remainder is dropped, as for any group.
         The schedule counts positions in int64: ``(epoch + 1) * epoch_size`` must not exceed
@@ -43,7 +43,7 @@ class Mixture(Sequence):
         Dataloader for its ``start_at`` and ``end_at`` and as its epochs advance
         (:class:`~hydrax.errors.MixtureRangeError`, naming the epoch size and the epoch).
     :param batching: ``"random"`` (default): positions are shuffled within runs of
-        :data:`hydrax.mixing.RANDOM_RUN` batches, so a batch's composition varies as random
+        :data:`hydrax.order.mixing.RANDOM_RUN` batches, so a batch's composition varies as random
         draws by weight do (each run of batches still holds its exact shares). ``"stratified"``:
         every batch holds ``floor(w * batch_size)`` items of each source, plus one for the
         sources whose turn it is to take the batch's remaining slots (they rotate), in shuffled
@@ -168,7 +168,7 @@ class Mixture(Sequence):
         return self._split(indices)[0].reshape(shape)
 
     def mixture_plan(self, shardwise: bool = False) -> MixturePlan:
-        """What the schedule needs (see :class:`hydrax.mixing.MixturePlan`); with ``shardwise``,
+        """What the schedule needs (see :class:`hydrax.order.mixing.MixturePlan`); with ``shardwise``,
         the shard sizes of the sources that know them."""
         shards = ()
         if shardwise:

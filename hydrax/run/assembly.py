@@ -1,7 +1,7 @@
 """Turning a finished slot into a :class:`~hydrax.Batch`: lease, placement, cache form, batch.
 
 When every item of a batch is in its slot (or the batch was read from its cache file), the
-:class:`BatchAssembler` leases the memory, has :mod:`hydrax.placement` make the ``jax.Array`` s
+:class:`BatchAssembler` leases the memory, has :mod:`hydrax.run.placement` make the ``jax.Array`` s
 (the default placement, the user's ``placement_func``, or the run's sharding), queues the write
 of a direct-mode cache file from the slot, and builds the :class:`~hydrax.TrainingBatch` or
 :class:`~hydrax.ValidationBatch` with the form (cached or not) the cache decides.
@@ -18,16 +18,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _core
-from .arena import Arena
+from .. import _core
+from ..procs.arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
-from .cache import Outcome, RunCache
+from ..cache import Outcome, RunCache
 from .inflight import InFlight
-from .layout import ArrayLayout
+from ..layout import ArrayLayout
 from .placement import TransferStats, custom_placement, default_placement, sharded_placement
-from .schedule import TrainingStep, local_seeds
+from ..order.schedule import TrainingStep, local_seeds
 
-log = logging.getLogger("hydrax.pipeline")
+log = logging.getLogger("hydrax.run.pipeline")
 
 
 class BatchAssembler:
@@ -47,7 +47,7 @@ class BatchAssembler:
         self.cpu = True
         #: Place when the batch is handed out, on the thread calling ``__next__``, rather than
         #: ahead on the pipeline thread (the default placement on the CPU backend: see
-        #: :class:`hydrax.pipeline.Ready`).
+        #: :class:`hydrax.run.pipeline.Ready`).
         self.place_on_consumer = False
 
     def start(self) -> None:
@@ -96,7 +96,7 @@ class BatchAssembler:
 
     def _arrays(self, record: InFlight, lease: _core.SlotLease, layouts: dict[str, ArrayLayout], size: int,
                 additional: dict[str, list], may_alias: bool) -> tuple[dict[str, Any], str]:
-        """The batch's ``jax.Array`` s, and the path they took (see :class:`~hydrax.placement.TransferStats`)."""
+        """The batch's ``jax.Array`` s, and the path they took (see :class:`~hydrax.run.placement.TransferStats`)."""
         run = record.group
         if run.sharding is not None:
             slot = np.frombuffer(lease, dtype=np.uint8, count=size)

@@ -27,7 +27,7 @@ What the server does instead:
 The server's environment is the parent's as the server started (usually when JAX did). A loader
 started from it does not keep that: the main process sends its environment as the Dataloader
 starts with each start request, and the loader adopts it before anything else runs
-(:func:`hydrax.processes.adopt_environment`), as a forked loader would have it. What the modules
+(:func:`hydrax.procs.processes.adopt_environment`), as a forked loader would have it. What the modules
 preloaded here read from the environment as they were imported (JAX's flags, the BLAS thread
 counts numpy's libraries took, huggingface_hub's ``HF_HOME``) stays as the server read it.
 """
@@ -44,7 +44,7 @@ import sys
 import types
 from multiprocessing import process, spawn
 
-from .errors import MainImportError
+from ..errors import MainImportError
 
 #: The environment variable that carries the parent's settings to the server, as JSON.
 CONFIG_ENV = "HYDRAX_FORKSERVER_CONFIG"
@@ -99,6 +99,18 @@ def _import_real_main(stand_in: types.ModuleType, kind: str, target: str) -> Non
         sys.modules["__main__"] = sys.modules["__mp_main__"] = stand_in
 
 
+def _register_exit_hook(name: str) -> None:
+    module, _, function = name.partition(":")
+    try:
+        target = importlib.import_module(module)
+        for part in function.split("."):
+            target = getattr(target, part)
+    except Exception as exc:  # the clean-up is a courtesy: the server still serves without it
+        logging.getLogger(__name__).warning("[hydrax] warning: the fork server cannot run %s at exit: %r", name, exc)
+        return
+    atexit.register(target)
+
+
 def _preload() -> None:
     global SERVING
     raw = os.environ.pop(CONFIG_ENV, None)
@@ -115,15 +127,14 @@ def _preload() -> None:
                 os.unlink(path)
             except OSError:
                 pass
-    # The server exits when the main process does, killed or not: a killed one leaves its
-    # read-ahead folder, in /dev/shm where it held memory, until a later hydrax process sweeps it.
-    # The server sweeps it as it goes (imported now: at exit, imports that start threads fail).
-    from .shards.readahead import sweep_dead_roots
-
-    atexit.register(sweep_dead_roots)
     config = json.loads(raw)
+    # The server exits when the main process does, killed or not: the layers above registered
+    # what to clean up then (see hydrax.procs.processes.at_server_exit), such as a killed main
+    # process's read-ahead folder in /dev/shm. Imported now: at exit, imports that start threads fail.
+    for hook in config.get("at_exit", ()):
+        _register_exit_hook(hook)
     # The parent set these only to start this server with its module path (see
-    # hydrax.processes.warm_forkserver): workers and what they run see its own values.
+    # hydrax.procs.processes.warm_forkserver): workers and what they run see its own values.
     for name, value in config.get("environ", {}).items():
         if value is None:
             os.environ.pop(name, None)
@@ -139,7 +150,7 @@ def _preload() -> None:
     if config["main"]:
         kind, target = config["main"]
         _install_stand_in(kind, target)
-    for name in ["hydrax.workers", "cloudpickle", *config["modules"]]:
+    for name in ["hydrax.procs.workers", "cloudpickle", *config["modules"]]:
         try:
             importlib.import_module(name)
         except BaseException:  # a worker that needs it reports the error itself

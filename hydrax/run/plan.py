@@ -2,10 +2,10 @@
 
 - :class:`RunPolicy`: the run's settings (slots, loaders, failure handling, processes), frozen.
 - :class:`GroupRun`: one group as this process runs it: the :class:`~hydrax.DataGroup`, the
-  share of every batch this process loads (its :class:`~hydrax.schedule.GroupPlan`), where that
+  share of every batch this process loads (its :class:`~hydrax.order.schedule.GroupPlan`), where that
   share lives in a slot, its device shards, and its cache. :class:`RunGroups` holds them all,
   training first, and finds the one a schedule step or a task names.
-- :func:`plan_run` builds them, with the schedule's :class:`~hydrax.schedule.Plan`, and opens
+- :func:`plan_run` builds them, with the schedule's :class:`~hydrax.order.schedule.Plan`, and opens
   each group's on-disk cache (:func:`open_group_cache`, from what the group says of it).
 
 Everything here is decided before any process or thread starts; the pipeline only reads it.
@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
 
-from .cache import GroupCache, descriptor_text, prepare_location, share_directory
+from ..cache import GroupCache, descriptor_text, prepare_location, share_directory
 from .group import DataGroup
-from .layout import ArrayLayout, SlotLayout, compute_layouts, slot_layout
-from .messages import TASK_BYTES
-from .orders import epoch_order
-from .schedule import GroupPlan, Plan, Step, TrainingStep, host_share, normalise_start, read_order, share_ranges
+from ..layout import ArrayLayout, SlotLayout, compute_layouts, slot_layout
+from ..procs.messages import TASK_BYTES
+from ..order.orders import epoch_order
+from ..order.schedule import GroupPlan, Plan, Step, TrainingStep, host_share, normalise_start, read_order, share_ranges
 from .sharding import GroupSharding, as_shardings, plan_group
 
 #: Bytes of task records that may sit in the task pipe at once (below the 64 KiB pipe buffer).
@@ -95,11 +95,11 @@ class GroupRun:
     def items(self, step: Step) -> Sequence[int]:
         """The indices of the items of this process's share of ``step``'s batch, computed from
         scratch (a whole ``"numpy"`` order each time: the pipeline asks
-        :class:`hydrax.orderbook.RunOrders`, which keeps them)."""
+        :class:`hydrax.order.orderbook.RunOrders`, which keeps them)."""
         return epoch_order(self.plan, self.epoch_of(step), self.training).local(self.plan, step.group_index)
 
     def read_order(self, step: Step) -> str:
-        """How ``step``'s items are spread over the data (see :func:`hydrax.schedule.read_order`)."""
+        """How ``step``'s items are spread over the data (see :func:`hydrax.order.schedule.read_order`)."""
         return read_order(self.plan, self.epoch_of(step), self.training)
 
     def __str__(self) -> str:

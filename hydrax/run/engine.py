@@ -14,15 +14,15 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .arena import Arena, machine_memory
-from .cache import CacheWriter, RunCache
-from .errors import ArenaMemoryError
+from ..procs.arena import Arena, machine_memory
+from ..cache import CacheWriter, RunCache
+from ..errors import ArenaMemoryError
 from .hosts import HostAgreement, distributed_client
 from .pipeline import Pipeline
-from .processes import start_method, warm_forkserver
-from .run import RunGroups, RunPolicy
-from .schedule import Plan, iter_steps
-from .workers import GroupSpec, WorkerConfig, WorkerPool
+from ..procs.processes import start_method, warm_forkserver
+from .plan import RunGroups, RunPolicy
+from ..order.schedule import Plan, iter_steps
+from ..procs.workers import GroupSpec, WorkerConfig, WorkerPool
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Engine:
         self.pipeline: Pipeline | None = None
         self.agreement: HostAgreement | None = None
         self.cache: RunCache | None = None
-        #: How the workers start: ``"fork"`` or ``"forkserver"`` (see :func:`hydrax.processes.start_method`).
+        #: How the workers start: ``"fork"`` or ``"forkserver"`` (see :func:`hydrax.procs.processes.start_method`).
         self.method: str | None = None
 
     def start(self) -> None:

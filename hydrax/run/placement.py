@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .layout import ALIGNMENT
-from .types import PlacementFunc
+from ..layout import ALIGNMENT
+from ..types import PlacementFunc
 
 
 @dataclass
@@ -38,7 +38,7 @@ class TransferStats:
     aliased_bytes: int = 0
     copied_bytes: int = 0
     custom_bytes: int = 0
-    #: Whether the slots are page-locked for GPU transfers (see :meth:`hydrax.arena.Arena.pin`).
+    #: Whether the slots are page-locked for GPU transfers (see :meth:`hydrax.procs.arena.Arena.pin`).
     pinned: bool = False
 
     def count(self, path: str, nbytes: int) -> None:
@@ -205,7 +205,7 @@ def sharded_placement(slot: np.ndarray, layout, sharding, cpu: bool, may_alias: 
     """Global ``jax.Array`` s of a slot laid out for ``sharding``, and whether they alias the slot.
 
     ``slot`` is the slot's bytes, ``layout`` its :class:`~hydrax.layout.SlotLayout` and
-    ``sharding`` the group's :class:`~hydrax.sharding.GroupSharding`. Every addressable device
+    ``sharding`` the group's :class:`~hydrax.run.sharding.GroupSharding`. Every addressable device
     gets its own rows: on the CPU backend, with ``may_alias`` and matching dtypes, each device's
     shard is the slot memory itself (its block starts on a 64-byte boundary); otherwise the
     blocks are copied once into memory XLA adopts (CPU) or transferred device by device.

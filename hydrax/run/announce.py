@@ -14,10 +14,10 @@ from collections import deque
 from typing import Callable, Iterable, Iterator, Sequence
 
 from .inflight import InFlight
-from .run import GroupRun, RunGroups
-from .schedule import Step
+from .plan import GroupRun, RunGroups
+from ..order.schedule import Step
 
-log = logging.getLogger("hydrax.pipeline")
+log = logging.getLogger("hydrax.run.pipeline")
 
 #: The most batches announced to data that reads ahead, beyond those being loaded.
 MAX_LOOKAHEAD = 512
@@ -48,8 +48,8 @@ class Announcer:
     after that must not inherit them. Steps taken before are announced then.
 
     :param depth: the run's slots: at least that many batches are announced ahead.
-    :param items: the items of a step's batch (default :meth:`hydrax.run.GroupRun.items`; the
-        pipeline passes :meth:`hydrax.orderbook.RunOrders.items`, which keeps the orders).
+    :param items: the items of a step's batch (default :meth:`hydrax.run.plan.GroupRun.items`; the
+        pipeline passes :meth:`hydrax.order.orderbook.RunOrders.items`, which keeps the orders).
     """
 
     def __init__(self, steps: Iterator[Step], groups: RunGroups, depth: int,

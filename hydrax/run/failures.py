@@ -11,11 +11,11 @@ wrong field name, a store that is down, revoked access) would otherwise end the 
 
 from __future__ import annotations
 
-from .errors import BatchFailedError
+from ..errors import BatchFailedError
 from .hosts import HostAgreement
 from .inflight import InFlight
-from .messages import Completion
-from .run import RunPolicy
+from ..procs.messages import Completion
+from .plan import RunPolicy
 
 
 class FailureBudget:

@@ -1,7 +1,7 @@
 """Telling what the workers are doing, and why one stopped: the words of worker errors.
 
 Every worker keeps a heartbeat and the item it is loading in its line of the arena's status
-page (see :mod:`hydrax.arena`). From those, :class:`WorkerDiagnosis` finds a frozen worker,
+page (see :mod:`hydrax.procs.arena`). From those, :class:`WorkerDiagnosis` finds a frozen worker,
 says what each worker is loading (for :class:`~hydrax.BatchTimeoutError`), and builds the
 :class:`~hydrax.WorkerError` of a worker that died, froze or could not start, naming the
 process, the item and what to do.
@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ._forkserver import MAIN_IMPORT_FAILED
-from .arena import Arena
-from .errors import WorkerError
+from ..procs.forkserver import MAIN_IMPORT_FAILED
+from ..procs.arena import Arena
+from ..errors import WorkerError
 from .inflight import InFlight
-from .messages import StartupReport
-from .workers import WorkerPool
+from ..procs.messages import StartupReport
+from ..procs.workers import WorkerPool
 
 #: A stopped worker whose heartbeat is older than this is frozen (its heartbeat thread runs
 #: without the GIL, every ``workers.HEARTBEAT_PERIOD_US``).

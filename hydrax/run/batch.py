@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from .cache import CacheTarget, check_cache_arrays, check_cache_extras
+from ..cache import CacheTarget, check_cache_arrays, check_cache_extras
 
 if TYPE_CHECKING:
     import jax
 
     from .group import DataGroup
-    from .layout import ArrayLayout
+    from ..layout import ArrayLayout
 
 D = TypeVar("D")
 

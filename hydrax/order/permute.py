@@ -27,7 +27,7 @@ import operator
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 #: Feistel rounds per permutation. Four is the least for a Feistel network to pass for random
 #: against chosen inputs; eight leave a margin, and a position still costs only tens of ns.

@@ -24,7 +24,7 @@ import types
 from collections import ChainMap
 from typing import Any
 
-from . import _core
+from .. import _core
 from .arena import FdHandle
 
 _Pickler: Any = None

@@ -4,7 +4,7 @@ Everything about *which* batch comes next, which positions of its epoch it holds
 of it each process loads and which seeds its items get lives here, with no processes and no I/O,
 so it can be tested exhaustively and so worker processes can compute positions and seeds
 themselves from a few integers, with the permutations the orders are made of. Which item sits at
-a position is :mod:`hydrax.orders`' (it builds on these). The rules are those of hydrax 0.2.2
+a position is :mod:`hydrax.order.orders`' (it builds on these). The rules are those of hydrax 0.2.2
 (see ``hydrax-api.md`` section 4), with its schedule defects fixed: every validation run yields its
 batches, ``interleave_groups`` really interleaves, and an end point at or before the start point
 ends the run at once.
@@ -19,16 +19,16 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from . import _core
+from .. import _core
 from .mixing import MixturePlan, check_epoch, last_epoch
 from .permute import LazyPermutation
 
 #: The resolved shuffle modes (``"default"`` resolves to one of these).
 SHUFFLE_MODES = ("repeat", "reseed", "itemwise", "batchwise", "shardwise")
 #: How a group's orders are made: ``"numpy"`` (0.2.2's ``Generator(PCG64).permutation``, stored)
-#: or ``"lazy"`` (computed position by position, see :mod:`hydrax.orders`).
+#: or ``"lazy"`` (computed position by position, see :mod:`hydrax.order.orders`).
 PERMUTATIONS = ("numpy", "lazy")
-#: Words that keep the lazy orders of different things apart (see :func:`hydrax.permute.round_keys`).
+#: Words that keep the lazy orders of different things apart (see :func:`hydrax.order.permute.round_keys`).
 LAZY_ITEMS, LAZY_BATCHES, LAZY_SHARDS, LAZY_WINDOW, LAZY_MIX, LAZY_SOURCE = 1, 2, 3, 4, 5, 6
 
 
@@ -54,7 +54,7 @@ class GroupPlan:
     #: How the orders are made: one of :data:`PERMUTATIONS`.
     permutation: str = "numpy"
     #: A :class:`hydrax.Mixture`'s sources and weights (``size`` is then its epoch size, and the
-    #: order is always computed: see :class:`hydrax.orders.MixtureOrder`); None for other data.
+    #: order is always computed: see :class:`hydrax.order.orders.MixtureOrder`); None for other data.
     mixture: MixturePlan | None = None
 
     @property
@@ -72,7 +72,7 @@ def permutation(seed: int, n: int) -> np.ndarray:
     """``Generator(PCG64(seed)).permutation(n)``, read-only: the RNG of every ``"numpy"`` order.
 
     Not cached here: an order of N items is 8N bytes, so its owner keeps it for as long as it is
-    needed and no longer (see :mod:`hydrax.orderbook`).
+    needed and no longer (see :mod:`hydrax.order.orderbook`).
     """
     perm = np.random.Generator(np.random.PCG64(int(seed))).permutation(int(n))
     perm.setflags(write=False)
@@ -221,7 +221,7 @@ def order_changes(plan: GroupPlan, training: bool = True) -> bool:
 
 def batch_order(plan: GroupPlan, epoch: int) -> Sequence[int] | None:
     """The order in which a training group's batches are taken in ``epoch`` (None: identity):
-    an array, or with ``permutation="lazy"`` a :class:`~hydrax.permute.LazyPermutation`."""
+    an array, or with ``permutation="lazy"`` a :class:`~hydrax.order.permute.LazyPermutation`."""
     if plan.shuffle_later == "batchwise" and epoch > 0:
         if plan.permutation == "lazy":
             return lazy_permutation(plan.seed + epoch, plan.batch_count, LAZY_BATCHES)
@@ -421,7 +421,7 @@ def normalise_start(start_at: tuple[int, int], batches_per_epoch: int) -> tuple[
 
 def epoch_limit(plan: Plan) -> tuple[int, int] | None:
     """``(epoch_size, last epoch)`` of the training mixture whose positions run out first (see
-    :func:`hydrax.mixing.last_epoch`), or None for a run without one: the schedule ends after
+    :func:`hydrax.order.mixing.last_epoch`), or None for a run without one: the schedule ends after
     that epoch, whatever its end point."""
     sizes = [g.size for g in plan.training if g.mixture is not None]
     if not sizes:

@@ -2,7 +2,7 @@
 
 - **Start method.** A plain ``fork`` while this process has no live JAX backend (milliseconds,
   and a loader defined in ``__main__`` is simply there); otherwise a fork server (see
-  :mod:`hydrax._forkserver`), because forking a process with live XLA threads can deadlock the
+  :mod:`hydrax.procs.forkserver`), because forking a process with live XLA threads can deadlock the
   child. Other threads that a fork would not carry over (obstore's) are *fork hazards*.
 - **Fork server warm-up.** The server is started the moment JAX initialises a backend, with
   hydrax, the main module's imports and the loader's module preloaded, so that its workers start
@@ -13,9 +13,9 @@
   lets go of the server's "alive" pipe, so the server exits with the main process and takes its
   workers with it.
 - The malloc settings of worker processes. (Whether a process named in a file lives is
-  :func:`hydrax.liveness.process_alive`, which this module and the read-ahead share.)
+  :func:`hydrax.procs.liveness.process_alive`, which this module and the read-ahead share.)
 
-What a worker runs, and the pool of them, are in :mod:`hydrax.workers`.
+What a worker runs, and the pool of them, are in :mod:`hydrax.procs.workers`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .liveness import process_alive
 
 log = logging.getLogger(__name__)
 
-#: The name of each run's pipeline thread (see :mod:`hydrax.pipeline`): while one runs, it may be
+#: The name of each run's pipeline thread (see :mod:`hydrax.run.pipeline`): while one runs, it may be
 #: initialising JAX, so no process may be forked.
 PIPELINE_THREAD = "hydrax-pipeline"
 
@@ -50,6 +50,26 @@ def jax_backend_live() -> bool:
     """True when this process has initialised a JAX backend (and so runs XLA threads)."""
     bridge = sys.modules.get("jax._src.xla_bridge")
     return bool(bridge is not None and getattr(bridge, "_backends", None))
+
+
+#: What the fork server runs as it exits, as "module:function" names, in the order registered.
+_server_exit_hooks: list[str] = []
+
+
+def at_server_exit(function) -> None:
+    """Have every fork server started from now on run ``function`` (a module-level function
+    that takes no argument) as it exits.
+
+    The layers above register their clean-up here, so that this layer never imports them: the
+    read-ahead has the server sweep the folders of main processes that died (the server outlives
+    a killed main process by a moment, and no other hydrax process may come). The server imports
+    the function's module as it starts, because at exit an import that starts threads fails. A
+    server that was already running when a hook is registered does not run it; the next hydrax
+    process's own clean-up covers what it would have done.
+    """
+    name = f"{function.__module__}:{function.__qualname__}"
+    if name not in _server_exit_hooks:
+        _server_exit_hooks.append(name)
 
 
 _fork_hazards: set[str] = set()
@@ -142,9 +162,9 @@ def start_forkserver_early(background: bool = False, main_imports: bool = True) 
     use themselves, rather than wait for the server to import all the main module has, JAX
     included). Never in a worker, a Ray worker or the server itself, nor while a run is loading.
     """
-    from . import _forkserver
+    from . import forkserver as server_preload
 
-    if (os.environ.get("HYDRAX_START_METHOD") == "fork" or _forkserver.SERVING or RAY_WORKER_ENV in os.environ
+    if (os.environ.get("HYDRAX_START_METHOD") == "fork" or server_preload.SERVING or RAY_WORKER_ENV in os.environ
             or mp.parent_process() is not None):
         return
     if any(t.name == PIPELINE_THREAD for t in threading.enumerate()):
@@ -181,12 +201,12 @@ def warm_forkserver(modules: Sequence[str | None] = (), main_imports: bool = Tru
     """
     from multiprocessing import forkserver
 
-    from . import _forkserver
-    from ._forkserver import CONFIG_ENV
+    from . import forkserver as server_preload
+    from .forkserver import CONFIG_ENV
 
-    if _forkserver.SERVING:
+    if server_preload.SERVING:
         return  # the server itself (importing a module that makes a run): never a server of a server
-    mp.get_context("forkserver").set_forkserver_preload(["hydrax._forkserver"])
+    mp.get_context("forkserver").set_forkserver_preload(["hydrax.procs.forkserver"])
     server = forkserver._forkserver
     running = getattr(server, "_forkserver_pid", None)
     path = _child_sys_path()
@@ -196,7 +216,7 @@ def warm_forkserver(modules: Sequence[str | None] = (), main_imports: bool = Tru
     preload = [m for m in dict.fromkeys([*(_main_imports() if main_imports else ()), *modules])
                if m and m not in ("__main__", "__mp_main__")]
     text = json.dumps({"main": _main_target(), "argv": list(sys.argv), "cwd": os.getcwd(), "path": path, "modules": preload,
-                       "environ": {name: os.environ.get(name) for name in environment}})
+                       "at_exit": _server_exit_hooks, "environ": {name: os.environ.get(name) for name in environment}})
     spill = None
     if len(text) > _CONFIG_ENV_LIMIT:
         # A long command line (thousands of file names) would not fit in one environment
@@ -256,7 +276,7 @@ def adopt_environment(snapshot: Mapping[str, str]) -> None:
             os.environ[name] = value
 
 #: The folder of the ``hydrax`` package this process imported.
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hydrax/, above procs/
 
 
 def _server_environment(path: list[str]) -> dict[str, str]:
@@ -264,7 +284,7 @@ def _server_environment(path: list[str]) -> dict[str, str]:
     process's values back as it starts, so its workers see the environment unchanged).
 
     multiprocessing starts the server with ``python -c``, which puts the working directory
-    first on its module path, and it imports ``hydrax._forkserver`` before anything of ours
+    first on its module path, and it imports ``hydrax.procs.forkserver`` before anything of ours
     can set the path: a folder named ``hydrax`` there (a clone, a stale copy, even an empty
     folder, which hides an editable install's hydrax as a namespace package) would be the
     hydrax of the server and of every worker. ``PYTHONSAFEPATH`` (Python 3.11+) leaves the
@@ -292,7 +312,7 @@ def _check_server_finds_this_hydrax(entries: list[str]) -> None:
     """
     from importlib.machinery import PathFinder
 
-    from .errors import ForkServerImportError
+    from ..errors import ForkServerImportError
 
     honoured = not sys.flags.ignore_environment
     safe = getattr(sys.flags, "safe_path", False) or (honoured and sys.version_info >= (3, 11))
@@ -321,7 +341,7 @@ def _main_target() -> list[str] | None:
     """``["name", module]`` or ``["path", file]``: how multiprocessing names this main module to a child.
 
     The fork server's stand-in main module bears the same, so that a child's preparation finds
-    it in place and imports nothing (see :mod:`hydrax._forkserver`).
+    it in place and imports nothing (see :mod:`hydrax.procs.forkserver`).
     """
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)

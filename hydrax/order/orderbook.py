@@ -2,7 +2,7 @@
 
 A ``"numpy"`` order (hydrax 0.2.2's ``Generator(PCG64).permutation``) cannot be computed a
 position at a time, so it is computed whole, once, by the main process, which lists each batch's
-items for the workers in the arena (see :mod:`hydrax.arena`): the workers never hold an order.
+items for the workers in the arena (see :mod:`hydrax.procs.arena`): the workers never hold an order.
 Of each epoch's order only this process's share of every batch is kept, as ``int32`` when the
 group has under 2**31 items: ``4 * N / P`` bytes for ``P`` processes.
 
@@ -210,7 +210,7 @@ class RunOrders:
     """The item orders of a run's groups in the main process: the book's for stored ones, else
     computed (lazy or unshuffled) and kept for two epochs per group.
 
-    :param groups: the run's groups (see :class:`hydrax.run.RunGroups`).
+    :param groups: the run's groups (see :class:`hydrax.run.plan.RunGroups`).
     :param ahead: see :class:`OrderBook`.
     """
 

@@ -1,15 +1,15 @@
 """Loader workers: the loop each worker process runs, and the pool of them.
 
 Workers are started once per run (how, and how they stay tied to the main process, is
-:mod:`hydrax.processes`). They receive the groups' data, plans and layouts once, in a
-:class:`WorkerConfig`, then take :class:`~hydrax.messages.Task` records from one shared pipe,
+:mod:`hydrax.procs.processes`). They receive the groups' data, plans and layouts once, in a
+:class:`WorkerConfig`, then take :class:`~hydrax.procs.messages.Task` records from one shared pipe,
 each naming a slot, a group, an epoch, a batch and a range of positions in it. A worker computes
 each item's index and seed from the schedule itself, calls the user's ``loader_func`` with
 writable views of the item's place in the slot, and sends one
-:class:`~hydrax.messages.Completion` per task. No descriptor is pickled per item.
+:class:`~hydrax.procs.messages.Completion` per task. No descriptor is pickled per item.
 
 A worker that cannot start (what it was sent cannot be unpickled, ``startup_func`` raised)
-sends a :class:`~hydrax.messages.StartupReport` before it exits, and a result that cannot be
+sends a :class:`~hydrax.procs.messages.StartupReport` before it exits, and a result that cannot be
 pickled back (unpicklable extras) fails its item, naming the key, instead of killing the worker.
 """
 
@@ -32,15 +32,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _core
+from .. import _core
 from .arena import ITEM_WORDS, STOP_WORD, ArenaSpec, FdHandle, status_line
-from .errors import ConfigPicklingError, ShardFormatError, StoreError
+from ..errors import ConfigPicklingError, ShardFormatError, StoreError
 from .messages import TASK_BYTES, Completion, StartupReport, Task
-from .mixture import Mixture
+from ..order.mixture import Mixture
 from .pickling import SharedBuffers, dumps, loads_shared, unpicklable_part
 from .processes import (adopt_environment, die_with_parent, environment_snapshot, release_fork_server, tune_malloc,
                         warm_forkserver)
-from .schedule import GroupPlan, local_seeds
+from ..order.schedule import GroupPlan, local_seeds
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class WorkerConfig:
 
 def pack_config(config: WorkerConfig, shared: list | None = None) -> bytes:
     """``config`` pickled for workers started from the fork server (its large buffers appended
-    to ``shared`` when given, see :func:`hydrax.pickling.dumps`).
+    to ``shared`` when given, see :func:`hydrax.procs.pickling.dumps`).
 
     cloudpickle ships functions and classes of ``__main__`` (and lambdas, closures, classes
     defined under the main guard) by value, and those of importable modules by reference, so a
@@ -172,7 +172,7 @@ def worker_main(config: WorkerConfig | bytes, arena: FdHandle, tasks: FdHandle, 
 
     ``config`` arrives pickled once for all workers when they start from the fork server (a large
     dataset is then pickled once, not once per worker), its large arrays in the shared memory
-    ``shared`` (``(fd, size, places)``, see :class:`hydrax.pickling.SharedBuffers`); ``close``
+    ``shared`` (``(fd, size, places)``, see :class:`hydrax.procs.pickling.SharedBuffers`); ``close``
     lists the parent's ends of our pipes, which a forked worker inherits. ``environ`` is the main
     process's environment as the run started, which a worker from the fork server adopts before
     anything else (the server's own is from when JAX started); a forked worker has it already.

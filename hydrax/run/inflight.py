@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .cache import CacheEntry
-from .run import GroupRun
-from .schedule import Step, describe_step
+from ..cache import CacheEntry
+from .plan import GroupRun
+from ..order.schedule import Step, describe_step
 
 
 @dataclass
@@ -28,7 +28,7 @@ class InFlight:
     indices: Sequence[int]
     #: Tasks of the batch not completed yet.
     remaining: int
-    #: The key its read-ahead announcement was made under (see :mod:`hydrax.announce`).
+    #: The key its read-ahead announcement was made under (see :mod:`hydrax.run.announce`).
     prefetch_key: int | None = None
     #: Position -> the extras ``loader_func`` returned for that item.
     extras: dict[int, dict] = field(default_factory=dict)

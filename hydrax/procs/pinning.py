@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 
-logger = logging.getLogger("hydrax.pinning")
+logger = logging.getLogger("hydrax.procs.pinning")
 
 #: Pinned for every CUDA context in the process, not only the one current at registration, so
 #: the range also counts as pinned for a context XLA might create after us.
@@ -171,7 +171,7 @@ def pin_host_memory(address: int, nbytes: int, device_ordinal: int = 0) -> Pinne
     backend so that the context already carries XLA's flags. Returns None, having undone any
     partial work, when pinning is not possible here (no CUDA driver or device, the range is
     already registered, too little lockable memory) or when the environment variable
-    ``HYDRAX_PIN_MEMORY`` is ``0``; the reason is logged on the ``hydrax.pinning`` logger.
+    ``HYDRAX_PIN_MEMORY`` is ``0``; the reason is logged on the ``hydrax.procs.pinning`` logger.
 
     :raises ValueError: for a zero address, a non-positive size or a negative device ordinal.
     """

@@ -8,7 +8,7 @@ arrays. The rows are cut into blocks at every device boundary and each block sta
 boundary of the slot (:class:`hydrax.layout.SlotLayout`), so on the CPU backend every device's
 shard can alias the slot.
 
-This module decides; :mod:`hydrax.placement` turns a finished slot into the arrays.
+This module decides; :mod:`hydrax.run.placement` turns a finished slot into the arrays.
 """
 
 from __future__ import annotations

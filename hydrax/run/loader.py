@@ -1,7 +1,7 @@
 """Dataloader: the conductor of a run.
 
-It checks the arguments (:mod:`hydrax.arguments`) and settles the run (:mod:`hydrax.run`) when
-it is built; inside its ``with`` block an :class:`~hydrax.engine.Engine` runs the arena, the
+It checks the arguments (:mod:`hydrax.run.arguments`) and settles the run (:mod:`hydrax.run.plan`) when
+it is built; inside its ``with`` block an :class:`~hydrax.run.engine.Engine` runs the arena, the
 worker processes and the pipeline thread, and ``__next__`` hands out the pipeline's batches,
 turning interrupts, timeouts and dead workers into the exceptions hydrax 0.2.2 programs expect.
 """
@@ -24,14 +24,14 @@ from typing import Any, Callable, Generic, TypeVar
 
 from .arguments import as_groups, check_functions, check_int, parse_end, parse_resume, parse_start, parse_validation, run_policy
 from .batch import Batch
-from .checkpoint import LoaderState, LoopPosition, check_resume, dataset_fingerprint, dataset_summary, schedule_start
+from ..checkpoint import LoaderState, LoopPosition, check_resume, dataset_fingerprint, dataset_summary, schedule_start
 from .engine import Engine, RunFunctions, warm_up
-from .errors import BatchFailedError, BatchTimeoutError, MixtureRangeError
+from ..errors import BatchFailedError, BatchTimeoutError, MixtureRangeError
 from .group import DataGroup
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
-from .run import plan_run, with_cachers
-from .schedule import check_epoch_reached, check_epochs, plan_fingerprint
+from .plan import plan_run, with_cachers
+from ..order.schedule import check_epoch_reached, check_epochs, plan_fingerprint
 
 D = TypeVar("D")
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class Dataloader(Generic[D]):
         are ``index`` modulo ``count`` (before entering the ``with`` block).
 
         The *stream* is the run's batches, training and validation, in schedule order, numbered
-        from 0 at ``start_at`` (:func:`hydrax.schedule.stream_positions`). ``count`` producers
+        from 0 at ``start_at`` (:func:`hydrax.order.schedule.stream_positions`). ``count`` producers
         with indexes ``0 .. count-1`` serve disjoint batches that together make the whole run,
         each with the numbers, items and seeds it has in the full run; :func:`hydrax.serve.serve`
         uses this to feed one training job from several machines. Such a run never drops a

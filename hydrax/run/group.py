@@ -15,17 +15,17 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .cache import CacheSettings
-from .layout import ArrayLayout, ArraySpec, compute_layouts
-from .mixture import Mixture
-from .processes import watch_jax_start
-from .schedule import PERMUTATIONS, SHUFFLE_MODES, GroupPlan
+from ..cache import CacheSettings
+from ..layout import ArrayLayout, ArraySpec, compute_layouts
+from ..order.mixture import Mixture
+from ..procs.processes import watch_jax_start
+from ..order.schedule import PERMUTATIONS, SHUFFLE_MODES, GroupPlan
 
 __all__ = ["ArrayLayout", "ArraySpec", "DataGroup"]  # the layout types, as hydrax 0.2.2 had them here
 
 D = TypeVar("D")
 
-#: The values of ``shuffle_later``: ``"default"`` and the resolved modes of :mod:`hydrax.schedule`.
+#: The values of ``shuffle_later``: ``"default"`` and the resolved modes of :mod:`hydrax.order.schedule`.
 SHUFFLE_LATER = ("default", *SHUFFLE_MODES)
 
 
@@ -62,7 +62,7 @@ class DataGroup(Sequence[D], Generic[D]):
         order of fixed batches), or ``"default"`` (itemwise without a cache, batchwise with one).
         hydrax extension: ``"shardwise"`` for a :class:`hydrax.shards.ShardSet`: every epoch
         permutes the shards and mixes items within runs of ``shard_window`` shards, so reads stay
-        local (see :func:`hydrax.schedule.shardwise_order`).
+        local (see :func:`hydrax.order.schedule.shardwise_order`).
     :param shard_window: shards whose items mix, with ``"shardwise"``.
     :param shard_partitions: (hydrax extension, ``"shardwise"`` only) split every epoch's shards
         into this many canonical partitions, balanced by sample count, and fill each global batch
@@ -76,12 +76,12 @@ class DataGroup(Sequence[D], Generic[D]):
         reads from another host's shards. The order depends on ``shard_partitions``, not on the
         number of hosts, so a run resumes exactly with any process count that divides it. It must
         divide ``batch_size``; 1 (default) keeps the order of earlier versions. See
-        :func:`hydrax.schedule.shardwise_order` and :func:`hydrax.orders.host_shards`.
+        :func:`hydrax.order.schedule.shardwise_order` and :func:`hydrax.order.orders.host_shards`.
     :param permutation: (hydrax extension) how the shuffled orders are made. ``"numpy"``
         (default): hydrax 0.2.2's orders, bit for bit; each is an array of N indices, computed
         whole by the main process (O(N) time per epoch) and stored once per host for its
         workers. ``"lazy"``: each position's item is computed when it is needed, with a keyed
-        pseudo-random bijection seeded by (seed, epoch) (see :mod:`hydrax.orders`), so nothing
+        pseudo-random bijection seeded by (seed, epoch) (see :mod:`hydrax.order.orders`), so nothing
         of size N exists in any process, and starting, resuming and crossing an epoch boundary
         cost the same at a billion items as at a thousand. Same shuffle modes, different (but
         equally reproducible) orders. See the "Very large datasets" guide.
@@ -221,7 +221,7 @@ class DataGroup(Sequence[D], Generic[D]):
     @property
     def plan(self) -> GroupPlan:
         """(hydrax extension) What the schedule knows of the group (sizes, seed, shuffle modes,
-        shards): the input of the pure functions of :mod:`hydrax.schedule`."""
+        shards): the input of the pure functions of :mod:`hydrax.order.schedule`."""
         return GroupPlan(
             size=len(self._data) if self._mixture is None else self._data.epoch_size,
             batch_size=self._batch_size,

@@ -2,9 +2,9 @@
 
 A group's order in an epoch maps the positions ``[0, N)`` of the epoch to items. With
 ``permutation="numpy"`` (the default, hydrax 0.2.2's orders bit for bit) it is an array of N
-indices, computed in the main process and stored once per host (see :mod:`hydrax.orderbook`).
+indices, computed in the main process and stored once per host (see :mod:`hydrax.order.orderbook`).
 With ``permutation="lazy"`` nothing of size N exists anywhere: the item at a position is computed
-when it is needed, by a keyed bijection (:mod:`hydrax.permute`) seeded by (seed, epoch), so any
+when it is needed, by a keyed bijection (:mod:`hydrax.order.permute`) seeded by (seed, epoch), so any
 process can find the items of any batch, of any epoch, in time proportional to the batch.
 
 Every kind of order answers :meth:`ItemOrder.local`: the items of this process's share of a batch.
@@ -16,7 +16,7 @@ Every kind of order answers :meth:`ItemOrder.local`: the items of this process's
 - :class:`LazyShardwise`: the lazy ``shardwise`` order, with or without partitions, in O(S)
   memory for S shards: shards permuted, items mixed within runs of ``shard_window`` shards;
 - :class:`MixtureOrder`: a :class:`hydrax.Mixture`'s epoch, each position's source and item
-  computed from the stratified layout of :mod:`hydrax.mixing` and each source's lazy passes.
+  computed from the stratified layout of :mod:`hydrax.order.mixing` and each source's lazy passes.
 
 :func:`epoch_order` picks the kind for a plan and an epoch; :class:`EpochOrders` keeps the few
 a process is using. :func:`item_order` and :func:`group_item_order` give a whole epoch's order
@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from . import _core
+from .. import _core
 from .mixing import RANDOM_RUN, Layout, run_length
 from .permute import permute, permute_windows, round_keys, round_keys_table
 from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, balance_shards, host_positions,
@@ -86,7 +86,7 @@ class ArrayOrder(ItemOrder):
 
 class ShareOrder(ItemOrder):
     """This process's share of every batch of an epoch: ``rows[b]`` holds the items of batch ``b``'s
-    share, in local order (what :class:`hydrax.orderbook.OrderBook` stores, O(N/P) per host).
+    share, in local order (what :class:`hydrax.order.orderbook.OrderBook` stores, O(N/P) per host).
 
     :param check: called after the items are read, to make sure they were not overwritten meanwhile.
     """
@@ -106,7 +106,7 @@ class ShareOrder(ItemOrder):
 
 
 class LazyItems(ItemOrder):
-    """A lazy permutation of ``n`` items, keyed by ``words`` (see :func:`hydrax.permute.round_keys`)."""
+    """A lazy permutation of ``n`` items, keyed by ``words`` (see :func:`hydrax.order.permute.round_keys`)."""
 
     def __init__(self, n: int, *words: int) -> None:
         self.n = int(n)
@@ -119,7 +119,7 @@ class LazyItems(ItemOrder):
 class _WindowStream:
     """The items of some shards, taken in a given order, permuted within each run of ``window``
     consecutive shards (run ``r`` keyed by ``(*words, r)``): held as O(shards) numbers, the tables
-    of :func:`hydrax.permute.permute_windows`."""
+    of :func:`hydrax.order.permute.permute_windows`."""
 
     def __init__(self, shards: np.ndarray, starts: np.ndarray, sizes: np.ndarray, window: int, words: tuple[int, ...]) -> None:
         self.cum = np.concatenate(([0], np.cumsum(sizes[shards], dtype=np.int64)))
@@ -155,7 +155,7 @@ class _WindowStream:
 
 class LazyShardwise(ItemOrder):
     """The lazy ``shardwise`` order of a group in ``epoch``: the structure of
-    :func:`hydrax.schedule.shardwise_order` (partitions, quotas, spills and all), with every
+    :func:`hydrax.order.schedule.shardwise_order` (partitions, quotas, spills and all), with every
     permutation lazy, so it costs O(S) memory for S shards and O(batch) time per batch."""
 
     def __init__(self, plan: GroupPlan, epoch: int) -> None:

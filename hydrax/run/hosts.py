@@ -30,10 +30,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from .errors import BatchFailedError, BatchTimeoutError
-from .processes import jax_backend_live
+from ..errors import BatchFailedError, BatchTimeoutError
+from ..procs.processes import jax_backend_live
 
-log = logging.getLogger("hydrax.hosts")
+log = logging.getLogger("hydrax.run.hosts")
 
 #: How often the progress of the other processes is read while this one waits for them, and
 #: while it does not (seconds).

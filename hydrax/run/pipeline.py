@@ -6,11 +6,11 @@ schedule order (or as they finish, when not deterministic) on :attr:`Pipeline.ou
 ``Dataloader.__next__`` takes them. The thread does the walking and the bookkeeping; its
 collaborators own the rest:
 
-- :class:`~hydrax.announce.Announcer`: the next steps, announced to data that reads ahead;
+- :class:`~hydrax.run.announce.Announcer`: the next steps, announced to data that reads ahead;
 - :class:`~hydrax.cache.RunCache`: which batches come from their cache files, and the writes;
-- :class:`~hydrax.assembly.BatchAssembler`: finished slot -> ``jax.Array`` s -> batch;
-- :class:`~hydrax.failures.FailureBudget`: dropped batches, failed items, when that ends the run;
-- :class:`~hydrax.diagnosis.WorkerDiagnosis`: a worker that exits, or whose heartbeat stops,
+- :class:`~hydrax.run.assembly.BatchAssembler`: finished slot -> ``jax.Array`` s -> batch;
+- :class:`~hydrax.run.failures.FailureBudget`: dropped batches, failed items, when that ends the run;
+- :class:`~hydrax.run.diagnosis.WorkerDiagnosis`: a worker that exits, or whose heartbeat stops,
   ends the run with a :class:`~hydrax.WorkerError` naming the process and the item it was loading.
 """
 
@@ -26,21 +26,21 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .announce import Announcer, batches_ahead
-from .arena import Arena
+from ..procs.arena import Arena
 from .assembly import BatchAssembler
 from .batch import Batch
-from .cache import Outcome, RunCache
+from ..cache import Outcome, RunCache
 from .diagnosis import WorkerDiagnosis
 from .failures import FailureBudget
 from .hosts import HostAgreement
 from .inflight import InFlight
-from .messages import Completion, StartupReport, Task
-from .orderbook import RunOrders
+from ..procs.messages import Completion, StartupReport, Task
+from ..order.orderbook import RunOrders
 from .placement import collect_released_buffers
-from .processes import PIPELINE_THREAD
-from .run import RunGroups, RunPolicy
-from .schedule import Step, TrainingStep
-from .workers import WorkerPool
+from ..procs.processes import PIPELINE_THREAD
+from .plan import RunGroups, RunPolicy
+from ..order.schedule import Step, TrainingStep
+from ..procs.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def chunk_bounds(batch_size: int, chunks: int) -> list[tuple[int, int]]:
 class Pipeline:
     """Runs one Dataloader run's batches from schedule to ready queue on a background thread.
 
-    :param steps: the run's schedule (see :func:`hydrax.schedule.iter_steps`).
+    :param steps: the run's schedule (see :func:`hydrax.order.schedule.iter_steps`).
     :param pool: the workers; tasks may be queued before they start (see :meth:`prefill`).
     :param cache: the run's use of its groups' caches.
     :param agreement: the other processes of a multi-process run.
@@ -134,7 +134,7 @@ class Pipeline:
 
     @property
     def stats(self):
-        """How batches reached JAX (see :class:`~hydrax.placement.TransferStats`)."""
+        """How batches reached JAX (see :class:`~hydrax.run.placement.TransferStats`)."""
         return self.assembler.stats
 
     # -- control -----------------------------------------------------------------------------
