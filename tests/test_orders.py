@@ -10,8 +10,9 @@ import pytest
 from hydrax.order.orders import (ArrayOrder, EpochOrders, IdentityOrder, LazyItems, ShareOrder, epoch_order,
                            local_positions, order_array)
 from hydrax.order.permute import LazyPermutation
-from hydrax.order.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, balance_shards, batch_order, host_share,
-                             local_items, read_order, share_positions, share_ranges, shardwise_order)
+from hydrax.order.schedule import (LAZY_ITEMS, LAZY_SHARDS, LAZY_WINDOW, GroupPlan, batch_order, host_share,
+                                   local_items, read_order, share_positions, share_ranges)
+from hydrax.order.shardwise import balance_shards, shardwise_order
 from hydrax.order.orders import item_order
 
 

@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from hydrax import _core, pinning
+from hydrax import _core
+from hydrax.procs import pinning
 from hydrax.procs.pinning import PinnedRange, cuda_driver_available, pin_host_memory
 
 HAVE_CUDA = cuda_driver_available()

@@ -1,7 +1,7 @@
 """Canonical shard partitions: with P hosts, each reads about 1/P of the shards every epoch.
 
-Pure tests of :func:`hydrax.order.schedule.shardwise_order` with ``partitions`` > 1,
-:func:`~hydrax.order.schedule.partition_shards` and :func:`~hydrax.order.schedule.host_shards`; the loader
+Pure tests of :func:`hydrax.order.shardwise.shardwise_order` with ``partitions`` > 1,
+:func:`~hydrax.order.shardwise.partition_shards` and :func:`~hydrax.order.schedule.host_shards`; the loader
 test with real processes is in ``test_shards_sampler.py``.
 """
 
@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from hydrax.order.schedule import (GroupPlan, Plan, batch_items, host_positions, host_share, iter_steps, local_items,
-                             partition_shards, shardwise_order)
+from hydrax.order.schedule import GroupPlan, Plan, batch_items, host_positions, host_share, iter_steps, local_items
+from hydrax.order.shardwise import partition_shards, shardwise_order
 from hydrax.order.orders import host_shards, item_order
 
 #: Uneven shards: a few large, some tiny, one empty.

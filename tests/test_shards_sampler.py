@@ -7,7 +7,8 @@ import pytest
 from hydrax import Dataloader, DataGroup
 from collections import Counter
 
-from hydrax.order.schedule import GroupPlan, Plan, batch_items, batch_seed, host_positions, iter_steps, shardwise_order
+from hydrax.order.schedule import GroupPlan, Plan, batch_items, batch_seed, host_positions, iter_steps
+from hydrax.order.shardwise import shardwise_order
 from hydrax.order.orders import host_shards, item_order
 from hydrax.shards import ShardSet
 

@@ -5,7 +5,7 @@ import pytest
 
 from hydrax import _core
 from hydrax import _fallback
-from hydrax.order.schedule import seed_words, shardwise_order
+from hydrax.order.shardwise import seed_words, shardwise_order
 
 KEYS = [(0,), (1, 0), (7, 3), (2**32 - 1, 2**32, 5), (2**40 + 3, 1, 2), (2**64 + 9, 0, 7, 1), (123456789, 2**33, 0, 0, 0, 4)]
 

@@ -35,8 +35,9 @@ import numpy as np
 from .. import _core
 from .mixing import RANDOM_RUN, Layout, run_length
 from .permute import permute, permute_windows, round_keys, round_keys_table
-from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, balance_shards, host_positions,
-                       lazy_permutation, local_items, order_seed, permutation, share_positions, shardwise_order)
+from .schedule import (LAZY_ITEMS, LAZY_MIX, LAZY_SHARDS, LAZY_SOURCE, LAZY_WINDOW, GroupPlan, host_positions,
+                       lazy_permutation, local_items, order_seed, permutation, share_positions)
+from .shardwise import balance_shards, shardwise_order
 
 
 class ItemOrder:
@@ -155,7 +156,7 @@ class _WindowStream:
 
 class LazyShardwise(ItemOrder):
     """The lazy ``shardwise`` order of a group in ``epoch``: the structure of
-    :func:`hydrax.order.schedule.shardwise_order` (partitions, quotas, spills and all), with every
+    :func:`hydrax.order.shardwise.shardwise_order` (partitions, quotas, spills and all), with every
     permutation lazy, so it costs O(S) memory for S shards and O(batch) time per batch."""
 
     def __init__(self, plan: GroupPlan, epoch: int) -> None:

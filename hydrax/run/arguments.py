@@ -147,6 +147,15 @@ def parse_resume(start_at: Any) -> LoaderState | None:
     return None
 
 
+def parse_stream(index: Any, count: Any, first: Any) -> tuple[int, int, int]:
+    """``select_stream``'s share of a stream: ``index`` of ``count`` producers, from position ``first``."""
+    count = check_int("stream count", count, 1)
+    index = check_int("stream index", index)
+    if index >= count:
+        raise ValueError(f"stream index {index} is not below the count {count}")
+    return index, count, check_int("stream first", first)
+
+
 def parse_end(end_at: Any) -> tuple[str, int] | None:
     """``end_at`` as ``("epoch" | "batch", n)``, or None for a run without an end."""
     if end_at is None:

@@ -62,7 +62,7 @@ class DataGroup(Sequence[D], Generic[D]):
         order of fixed batches), or ``"default"`` (itemwise without a cache, batchwise with one).
         hydrax extension: ``"shardwise"`` for a :class:`hydrax.shards.ShardSet`: every epoch
         permutes the shards and mixes items within runs of ``shard_window`` shards, so reads stay
-        local (see :func:`hydrax.order.schedule.shardwise_order`).
+        local (see :func:`hydrax.order.shardwise.shardwise_order`).
     :param shard_window: shards whose items mix, with ``"shardwise"``.
     :param shard_partitions: (hydrax extension, ``"shardwise"`` only) split every epoch's shards
         into this many canonical partitions, balanced by sample count, and fill each global batch
@@ -76,7 +76,7 @@ class DataGroup(Sequence[D], Generic[D]):
         reads from another host's shards. The order depends on ``shard_partitions``, not on the
         number of hosts, so a run resumes exactly with any process count that divides it. It must
         divide ``batch_size``; 1 (default) keeps the order of earlier versions. See
-        :func:`hydrax.order.schedule.shardwise_order` and :func:`hydrax.order.orders.host_shards`.
+        :func:`hydrax.order.shardwise.shardwise_order` and :func:`hydrax.order.orders.host_shards`.
     :param permutation: (hydrax extension) how the shuffled orders are made. ``"numpy"``
         (default): hydrax 0.2.2's orders, bit for bit; each is an array of N indices, computed
         whole by the main process (O(N) time per epoch) and stored once per host for its

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import logging
-import os
-import queue
-import signal
-import sys
-import threading
-import time
 import warnings
 from collections.abc import Iterable
 from typing import Any, Callable, Generic, TypeVar
 
-from .arguments import as_groups, check_functions, check_int, parse_end, parse_resume, parse_start, parse_validation, run_policy
+from .arguments import (as_groups, check_functions, parse_end, parse_resume, parse_start, parse_stream, parse_validation,
+                        run_policy)
 from .batch import Batch
-from ..checkpoint import LoaderState, LoopPosition, check_resume, dataset_fingerprint, dataset_summary, schedule_start
+from ..checkpoint import LoaderState, check_resume, dataset_fingerprint, dataset_summary, schedule_start
+from ..order.position import LoopPosition
 from .engine import Engine, RunFunctions, warm_up
-from ..errors import BatchFailedError, BatchTimeoutError, MixtureRangeError
+from ..errors import BatchFailedError, MixtureRangeError
 from .group import DataGroup
+from .interrupts import Interrupts
 from .pipeline import End, Failure, Pipeline, Ready
 from .placement import TransferStats, collect_released_buffers
 from .plan import plan_run, with_cachers
@@ -36,8 +34,6 @@ from ..order.schedule import check_epoch_reached, check_epochs, plan_fingerprint
 D = TypeVar("D")
 log = logging.getLogger(__name__)
 
-_UNSET = object()
-_WAIT_SLICE_S = 0.1
 
 
 class Lifecycle(enum.Enum):
@@ -64,23 +60,6 @@ _NOT_RUNNING = {
     Lifecycle.FAILED: f"dataloader is not running: its run failed with the error raised before; {_ONCE}",
     Lifecycle.CLOSED: f"dataloader is not running: its 'with' block was left; {_ONCE}",
 }
-
-
-def _flush_logs() -> None:
-    """Flush every handler of the ``hydrax`` loggers' chain (and stderr) before ``os._exit``."""
-    logger: logging.Logger | None = log
-    while logger is not None:
-        for handler in logger.handlers:
-            try:
-                handler.flush()
-            except Exception:
-                pass
-        logger = logger.parent if logger.propagate else None
-    for stream in (sys.stderr, sys.stdout):
-        try:
-            stream.flush()
-        except Exception:
-            pass
 
 
 class Dataloader(Generic[D]):
@@ -215,22 +194,15 @@ class Dataloader(Generic[D]):
             # a resume inside a validation run: the schedule starts at the training batch before it
             self._plan = dataclasses.replace(self._plan, stream=(0, 1, self._skip))
         self._position = LoopPosition(self._plan, resume.validation_batch if resume is not None else None)
-        self._dataset: tuple[str, dict] | None = None
         self._policy = with_cachers(policy, self._groups)
         self._functions = RunFunctions(loader_func, startup_func, placement_func)
         self._state = Lifecycle.NEW
         self._engine: Engine | None = None
-        self._interrupted = False
-        self._sigints = 0  # Ctrl+C: the first interrupts, the second aborts, the third terminates
-        self._previous_sigint: Any = _UNSET
+        self._pipeline: Pipeline | None = None  # the engine's, once it started
+        self._interrupts = Interrupts()
         self._handed = 0  # batches (and failures) taken from the pipeline, in schedule order
         self._delivered = 0  # batches handed to the loop
-        self._idle_ns = 0
         warm_up(self._functions)
-
-    @property
-    def _pipeline(self) -> Pipeline | None:
-        return self._engine.pipeline if self._engine is not None else None
 
     # -- the run's facts ------------------------------------------------------------------------------
     def select_stream(self, index: int, count: int, first: int = 0) -> None:
@@ -247,11 +219,7 @@ class Dataloader(Generic[D]):
         """
         if self._state is not Lifecycle.NEW:
             raise RuntimeError("select_stream must be called before the Dataloader is entered")
-        count = check_int("stream count", count, 1)
-        index = check_int("stream index", index)
-        if index >= count:
-            raise ValueError(f"stream index {index} is not below the count {count}")
-        first = check_int("stream first", first)
+        index, count, first = parse_stream(index, count, first)
         # Positions count from start_at: past the batches a resume inside a validation run skips.
         skip = self._skip
         self._plan = dataclasses.replace(self._plan, stream=((index + skip) % count, count, first + skip))
@@ -274,12 +242,11 @@ class Dataloader(Generic[D]):
         shuffle modes, validation), but not of ``start_at``, ``end_at``, the process count or
         the stream share: a resumed run has its original's, which :meth:`state` records and
         ``start_at=state`` checks."""
-        return self._dataset_facts()[0]
+        return self._dataset_facts[0]
 
+    @functools.cached_property
     def _dataset_facts(self) -> tuple[str, dict]:
-        if self._dataset is None:
-            self._dataset = (dataset_fingerprint(self._plan), dataset_summary(self._plan))
-        return self._dataset
+        return dataset_fingerprint(self._plan), dataset_summary(self._plan)
 
     def state(self) -> LoaderState:
         """(hydrax extension) Where the training loop stands, for ``Dataloader(..., start_at=state)``:
@@ -304,7 +271,7 @@ class Dataloader(Generic[D]):
                                "(select_stream): save the position of the run the consumer takes its batches from")
         number, pending = self._position.current()
         bpe = self._plan.batches_per_epoch
-        fingerprint, summary = self._dataset_facts()
+        fingerprint, summary = self._dataset_facts
         return LoaderState(epoch=number // bpe, batch=number % bpe, fingerprint=fingerprint, validation_batch=pending,
                            process_index=self._policy.process_index, process_count=self._policy.process_count, dataset=summary)
 
@@ -356,7 +323,7 @@ class Dataloader(Generic[D]):
     @property
     def interrupted(self) -> bool:
         """True after :meth:`interrupt`, a Ctrl+C, or leaving the ``with`` block early."""
-        return self._interrupted
+        return self._interrupts.interrupted
 
     @property
     def start_method(self) -> str | None:
@@ -378,14 +345,14 @@ class Dataloader(Generic[D]):
 
     def idle_usec(self) -> int:
         """Microseconds ``__next__`` spent waiting for batches since the last call (first batch excluded)."""
-        idle, self._idle_ns = self._idle_ns, 0
+        idle, self._interrupts.idle_ns = self._interrupts.idle_ns, 0
         return idle // 1000
 
     def interrupt(self) -> None:
         """Stop delivering batches: the next ``__next__`` ends the iteration."""
         if self._state not in (Lifecycle.RUNNING, Lifecycle.ENDED):
             raise RuntimeError("dataloader is not set up")
-        self._interrupted = True
+        self._interrupts.interrupted = True
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Dataloader[D]:
@@ -396,8 +363,8 @@ class Dataloader(Generic[D]):
         self._engine = Engine(self._plan, self._groups, self._policy, self._functions)
         try:
             self._engine.start()
-            if threading.current_thread() is threading.main_thread():
-                self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+            self._pipeline = self._engine.pipeline
+            self._interrupts.install()
         except BaseException:
             self._shutdown()
             self._state = Lifecycle.CLOSED
@@ -406,7 +373,7 @@ class Dataloader(Generic[D]):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._state is Lifecycle.RUNNING:
-            self._interrupted = True
+            self._interrupts.interrupted = True
         if self._state is Lifecycle.FAILED:
             workers = self._pipeline.describe_workers() if self._pipeline is not None else ""
             log.error("[hydrax]: dataloader failed%s", "\n" + workers if workers else "")
@@ -418,23 +385,7 @@ class Dataloader(Generic[D]):
     def _shutdown(self) -> None:
         if self._engine is not None:
             self._engine.close()
-        if self._previous_sigint is not _UNSET and threading.current_thread() is threading.main_thread():
-            # None means a handler installed outside Python; the default is the closest we can restore
-            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous_sigint is None else self._previous_sigint)
-            self._previous_sigint = _UNSET
-
-    def _on_sigint(self, signum, frame) -> None:
-        self._sigints += 1
-        # WARNING, so that a program that configured no logging sees them on stderr, as in 0.2.2
-        if self._sigints == 1:
-            log.warning("[hydrax] KeyboardInterrupt: interrupting, repeat to abort")
-            self._interrupted = True
-        elif self._sigints == 2:
-            log.warning("[hydrax] KeyboardInterrupt: aborting, repeat to terminate")
-        else:
-            log.warning("[hydrax] KeyboardInterrupt: terminating")
-            _flush_logs()
-            os._exit(1)
+        self._interrupts.restore()
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Dataloader[D]:
@@ -467,12 +418,15 @@ class Dataloader(Generic[D]):
 
     def _take(self) -> Any:
         """The pipeline's next batch (or :class:`Ready` one); raises at the end, on an interrupt or a failure."""
-        self._check_abort()
-        output = self._pipeline.output
         try:
-            item = output.get_nowait()
-        except queue.Empty:
-            item = self._wait(output)
+            item = self._interrupts.next_output(self._pipeline.output, self._policy.timeout_s, self._pipeline.describe_workers,
+                                                idle=self._delivered > 0)
+        except StopIteration:
+            self._state = Lifecycle.ENDED
+            raise
+        except BaseException as exc:  # aborted, or no batch within the timeout
+            self._fail(exc)
+            raise
         if isinstance(item, End):
             try:
                 # a run without an end stops where a mixture's positions would pass int64: say so
@@ -485,8 +439,9 @@ class Dataloader(Generic[D]):
         if isinstance(item, Failure):
             self._fail(item.error)
             raise item.error
-        if self._interrupted:
-            self._end_interrupted()
+        if self._interrupts.interrupted:
+            self._state = Lifecycle.ENDED
+            raise StopIteration
         return item
 
     def _place(self, ready: Ready) -> Batch | None:
@@ -499,38 +454,6 @@ class Dataloader(Generic[D]):
             error = self._pipeline.budget.failure(ready.record, f"placement failed: {exc!r}")
             self._fail(error)
             raise error from exc
-
-    def _check_abort(self) -> None:
-        if self._sigints >= 2:
-            self._fail(KeyboardInterrupt())
-            raise KeyboardInterrupt
-
-    def _wait(self, output: queue.SimpleQueue) -> Any:
-        started = time.monotonic_ns()
-        timeout = self._policy.timeout_s
-        try:
-            while True:
-                self._check_abort()
-                if self._interrupted:
-                    self._end_interrupted()
-                try:
-                    return output.get(timeout=_WAIT_SLICE_S)
-                except queue.Empty:
-                    pass
-                if time.monotonic_ns() - started >= timeout * 1_000_000_000:
-                    error = BatchTimeoutError(
-                        f"no batches have been produced in {timeout} seconds; the state of the run:\n"
-                        + self._pipeline.describe_workers()
-                    )
-                    self._fail(error)
-                    raise error
-        finally:
-            if self._delivered:
-                self._idle_ns += time.monotonic_ns() - started
-
-    def _end_interrupted(self) -> None:
-        self._state = Lifecycle.ENDED
-        raise StopIteration
 
     def _fail(self, error: BaseException) -> None:
         self._state = Lifecycle.FAILED
