@@ -118,7 +118,7 @@ def _preload() -> None:
     # The server exits when the main process does, killed or not: a killed one leaves its
     # read-ahead folder, in /dev/shm where it held memory, until a later hydrax process sweeps it.
     # The server sweeps it as it goes (imported now: at exit, imports that start threads fail).
-    from .shards.readahead import sweep_dead_roots
+    from .shards.readahead.folders import sweep_dead_roots
 
     atexit.register(sweep_dead_roots)
     config = json.loads(raw)
