@@ -118,9 +118,9 @@ class LocatedError(HydraxError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        return self._lead() + self.detail
+        return self.lead() + self.detail
 
-    def _lead(self) -> str:
+    def lead(self) -> str:
         """The words of the message before ``detail``."""
         if self.subject is not None:
             return self.subject

@@ -87,7 +87,8 @@ def test_a_killed_fetch_process_is_replaced_and_every_sample_still_comes_once(pr
     announced batches; workers waiting for a file the dead one was writing read the sample
     themselves at once (they check the shard folder's writer lives), so the run neither hangs nor
     waits WAIT_S per sample."""
-    from hydrax.shards.readahead import WAIT_S, ReadAhead
+    from hydrax.shards.readahead import ReadAhead
+    from hydrax.shards.readahead.localfiles import WAIT_S
 
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
@@ -113,7 +114,8 @@ def test_a_pool_of_fetch_processes_splits_the_shards_each_folder_with_one_writer
     process reads nothing itself."""
     import zlib
 
-    from hydrax.shards.readahead import ReadAhead, ShardLayout, folder_writer
+    from hydrax.shards.readahead import ReadAhead, ShardLayout
+    from hydrax.shards.readahead.folders import folder_writer
 
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=8, per_shard=40, options=options)
@@ -148,7 +150,8 @@ def test_the_pool_size_grows_with_the_host_and_its_budget_splits_by_bytes():
     """One fetch process per CORES_PER_FETCH_PROCESS cores, at most MAX_FETCH_PROCESSES and one
     per shard; one for a persistent cache; shares of the budget follow the bytes of each's shards."""
     from hydrax.shards.fetchproc import budget_shares, shard_owners
-    from hydrax.shards.readahead import CORES_PER_FETCH_PROCESS, MAX_FETCH_PROCESSES, MIN_BUDGET, ReadAhead, fetch_process_count
+    from hydrax.shards.readahead.budget import MIN_BUDGET
+    from hydrax.shards.readahead.options import CORES_PER_FETCH_PROCESS, MAX_FETCH_PROCESSES, ReadAhead, fetch_process_count
 
     assert (CORES_PER_FETCH_PROCESS, MAX_FETCH_PROCESSES) == (8, 32)  # what the storage guide states
     assert [fetch_process_count(ReadAhead(), 1000, cores) for cores in (2, 15, 16, 64, 224, 512)] == [1, 1, 2, 8, 28, 32]

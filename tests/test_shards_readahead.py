@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from hydrax.shards.readahead import (DISK_SHARE, MEMORY_SHARE, MIN_BUDGET, Budget, LocalFiles, ReadAhead, ShardLayout, choose_budget,
-                                     host_room, memory_folder_fits)
+from hydrax.shards.readahead import Budget, LocalFiles, ReadAhead, ShardLayout, choose_budget, host_room, memory_folder_fits
+from hydrax.shards.readahead.budget import DISK_SHARE, MEMORY_SHARE, MIN_BUDGET
 
 GB = 10**9
 
@@ -77,7 +77,7 @@ def test_bytes_read_to_index_a_shard_become_the_chunk_files_workers_find_within_
     import resource
 
     from hydrax.shards.indexfile import index_from_bytes
-    from hydrax.shards.readahead import ChunkSeeder
+    from hydrax.shards.readahead.seeder import ChunkSeeder
 
     data = shard_bytes(tmp_path, "a", 40)
     index = index_from_bytes(data, "s3://b/a.tar", len(data), 0, '"v1"')
@@ -124,7 +124,7 @@ def test_a_worker_stops_waiting_for_a_file_whose_writer_died_and_a_new_writer_cl
 
     import numpy as np
 
-    from hydrax.shards.readahead import WRITER_FILE, chunk_name, claim_writer, held_files, part_name, writer_alive
+    from hydrax.shards.readahead.folders import WRITER_FILE, chunk_name, claim_writer, held_files, part_name, writer_alive
     from support.timing import slack
 
     root = tmp_path / "readahead"

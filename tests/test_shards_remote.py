@@ -386,7 +386,8 @@ child.kill()
 
 @pytest.mark.slow
 def test_chunks_come_as_batches_need_them_within_a_budget_far_below_the_data(proxied, tmp_path):
-    from hydrax.shards.readahead import CHUNK_BYTES, URGENT_BYTES
+    from hydrax.shards.readahead.fetcher import URGENT_BYTES
+    from hydrax.shards.readahead.folders import CHUNK_BYTES
 
     options, proxy, client = proxied
     # 3 shards of 24 samples of 1 MB: 3 chunks each, 72 MB in all
@@ -591,7 +592,7 @@ def test_the_private_readahead_folder_goes_with_its_shardset_and_after_a_killed_
     import subprocess
     import tempfile
 
-    from hydrax.shards.readahead import MEMORY_FOLDER, private_bases, private_root
+    from hydrax.shards.readahead.folders import MEMORY_FOLDER, private_bases, private_root
 
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=2, options=options)

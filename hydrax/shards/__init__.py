@@ -2,7 +2,7 @@
 
 from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_path, open_index, read_wids_descriptor
 from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest, write_summaries
-from .readahead import ReadAhead
+from .readahead.options import ReadAhead
 from .shardset import SampleRef, ShardSet
 from .router import store_for
 from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions

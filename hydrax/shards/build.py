@@ -656,7 +656,7 @@ class _Output:
         try:
             found = self.store.list(prefix)
         except ObjectNotFoundError as exc:
-            raise exc._replace(url=prefix, subject=exc._lead()) from exc
+            raise exc._replace(url=prefix, subject=exc.lead()) from exc
         names = [info.url[len(prefix):] for info in found]
         return [prefix + name for name in names if "/" not in name and self.matches.fullmatch(name)]
 

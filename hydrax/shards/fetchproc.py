@@ -1,8 +1,8 @@
 """The read-ahead of remote shards in a fetch process of its own (see :mod:`hydrax.shards.readahead`).
 
-A :class:`~hydrax.shards.readahead.Fetcher` thread in the training process spent about 2 s of CPU
-per GB fetched there, and its Python work held the GIL the training loop needs (the slowest
-steps of a pure-Python loop took 2-3x as long). A :class:`FetchProcess` runs the Fetcher in a
+A :class:`~hydrax.shards.readahead.fetcher.Fetcher` thread in the training process spent about
+2 s of CPU per GB fetched there, and its Python work held the GIL the training loop needs (the
+slowest steps of a pure-Python loop took 2-3x as long). A :class:`FetchProcess` runs the Fetcher in a
 child started from the fork server (obstore forbids forking a process that used it), against
 its own copy of the ShardSet (a pickled ShardSet is compact and rebuilds its per-process state),
 with the same folder, options and files held. The training process only sends announcements
@@ -13,13 +13,15 @@ A fetch process that dies is started again (up to :data:`MAX_RESTARTS` times) wi
 still announced; the new one counts what the dead one wrote whole (in the shard folders that
 name it their writer) and removes what it left half-written. After that, a thread of the
 training process takes over the read-ahead the same way. Workers waiting for a file being
-written check that its writer is alive (see :func:`~hydrax.shards.readahead.writer_alive`), so
-a dead fetch process never makes them wait :data:`~hydrax.shards.readahead.WAIT_S` per sample.
+written check that its writer is alive (see
+:func:`~hydrax.shards.readahead.folders.writer_alive`), so a dead fetch process never makes them
+wait :data:`~hydrax.shards.readahead.localfiles.WAIT_S` per sample.
 
 A :class:`FetchPool` runs several fetch processes, each reading ahead the shards a hash of their
 URL gives it (:func:`shard_owners`) with its share of the budget (:func:`budget_shares`), so the
-read-ahead grows with the host (how many: :func:`~hydrax.shards.readahead.fetch_process_count`).
-:func:`make_fetcher` chooses between the pool, the process and the thread, in one place.
+read-ahead grows with the host (how many:
+:func:`~hydrax.shards.readahead.options.fetch_process_count`). :func:`make_fetcher` chooses
+between the pool, the process and the thread, in one place.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ import numpy as np
 
 from ..procs.processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
-from .readahead import EMPTY_STATS, MIN_BUDGET, Fetcher, ReadAhead, held_files
+from .readahead.budget import MIN_BUDGET
+from .readahead.fetcher import EMPTY_STATS, Fetcher
+from .readahead.folders import held_files
+from .readahead.options import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ READY_WAIT_S = 10.0
 STATS_WAIT_S = 10.0
 #: How long :meth:`FetchProcess.close` waits for the fetch process to end before killing it.
 CLOSE_WAIT_S = 5.0
-#: The messages the sending thread gathers into one (see :meth:`Fetcher.update <hydrax.shards.readahead.Fetcher.update>`).
+#: The messages the sending thread gathers into one (see :meth:`Fetcher.update <hydrax.shards.readahead.fetcher.Fetcher.update>`).
 UPDATES = ("announce", "release")
 
 
@@ -86,7 +91,7 @@ def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int
 
 def shard_owner(url: str, count: int) -> int:
     """Which of ``count`` fetch processes reads ahead the shard ``url``: by a hash of the URL, so
-    that a shard named twice has one writer, and its folder one :data:`~hydrax.shards.readahead.WRITER_FILE`."""
+    that a shard named twice has one writer, and its folder one :data:`~hydrax.shards.readahead.folders.WRITER_FILE`."""
     return zlib.crc32(url.encode()) % count
 
 
@@ -98,7 +103,7 @@ def shard_owners(urls: list[str], count: int) -> np.ndarray:
 def budget_shares(total: int, owners: np.ndarray, sizes: np.ndarray | None, count: int) -> list[int]:
     """Each fetch process's share of the budget ``total``: in proportion to the bytes of the
     shards it reads ahead (a budget that holds the data holds each one's part of it), at least
-    :data:`~hydrax.shards.readahead.MIN_BUDGET` // ``count``."""
+    :data:`~hydrax.shards.readahead.budget.MIN_BUDGET` // ``count``."""
     weights = np.bincount(owners, weights=None if sizes is None else np.maximum(sizes, 1).astype(np.float64),
                           minlength=count).astype(np.float64)
     weights /= max(weights.sum(), 1.0)
@@ -115,7 +120,7 @@ def rescanned(root: str, seeded: dict[str, int], writers: set[int]) -> dict[str,
 
 
 class FetchProcess:
-    """A :class:`~hydrax.shards.readahead.Fetcher` in a child process, with the Fetcher's interface
+    """A :class:`~hydrax.shards.readahead.fetcher.Fetcher` in a child process, with the Fetcher's interface
     (:meth:`announce`, :meth:`release`, :meth:`close`, :attr:`stats`).
 
     The child ends once nothing has been announced for :data:`IDLE_S` (a run ended: its ShardSet
@@ -292,7 +297,7 @@ class FetchProcess:
         self._process = None
 
     def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
-        """As :meth:`Fetcher.announce <hydrax.shards.readahead.Fetcher.announce>`; never waits."""
+        """As :meth:`Fetcher.announce <hydrax.shards.readahead.fetcher.Fetcher.announce>`; never waits."""
         self._announced[key] = (shards, samples, order)
         if self._thread is not None:
             self._thread.announce(key, shards, samples, order)
@@ -300,7 +305,7 @@ class FetchProcess:
             self._send(("announce", key, shards, samples, order))
 
     def release(self, key: Any) -> None:
-        """As :meth:`Fetcher.release <hydrax.shards.readahead.Fetcher.release>`; never waits."""
+        """As :meth:`Fetcher.release <hydrax.shards.readahead.fetcher.Fetcher.release>`; never waits."""
         self._announced.pop(key, None)
         if self._thread is not None:
             self._thread.release(key)
@@ -386,7 +391,7 @@ class FetchPool:
             raise
 
     def announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
-        """As :meth:`Fetcher.announce <hydrax.shards.readahead.Fetcher.announce>`, to the fetch
+        """As :meth:`Fetcher.announce <hydrax.shards.readahead.fetcher.Fetcher.announce>`, to the fetch
         processes of ``shards``; never waits."""
         owners = self._owners[shards]
         route = np.unique(owners).tolist()
@@ -399,7 +404,7 @@ class FetchPool:
             self._children[i].announce(key, shards[mine], samples[mine], order)
 
     def release(self, key: Any) -> None:
-        """As :meth:`Fetcher.release <hydrax.shards.readahead.Fetcher.release>`; never waits."""
+        """As :meth:`Fetcher.release <hydrax.shards.readahead.fetcher.Fetcher.release>`; never waits."""
         for i in self._routes.pop(key, ()):
             self._children[i].release(key)
 

@@ -6,7 +6,7 @@ byte of the bucket before the first batch, on one core. Once the shards to read 
 :data:`POOL_MIN_BYTES`, :func:`index_in_processes` gives them to up to :data:`MAX_PROCESSES`
 children started from the fork server (one per core; obstore forbids forking a process that used
 it), each reading its share :data:`~hydrax.shards.catalog.BUILD_REQUESTS` at a time, indexing it,
-and cutting it into read-ahead chunk files (a :class:`~hydrax.shards.readahead.ChunkSeeder` with
+and cutting it into read-ahead chunk files (a :class:`~hydrax.shards.readahead.seeder.ChunkSeeder` with
 its share of the room) while its bytes are in memory. Only indexes (a few bytes per sample) and
 the names of the files kept come back.
 
@@ -31,7 +31,7 @@ from ..procs.processes import (adopt_environment, die_with_parent, environment_s
                          warm_forkserver)
 from .catalog import BUILD_REQUESTS, ShardEntry, build_index_async
 from .indexfile import ShardIndex
-from .readahead import ChunkSeeder
+from .readahead.seeder import ChunkSeeder
 from .router import store_for
 from .store import StoreOptions, gather_limited, run_async
 
@@ -59,7 +59,7 @@ def index_in_processes(entries: list[ShardEntry], options: StoreOptions, seeder:
     child ``i % processes``), in order; None for a shard whose child died before sending it.
 
     Each child keeps chunk files within an equal share of ``seeder``'s room left, and ``seeder``
-    then counts them as its own (:meth:`~hydrax.shards.readahead.ChunkSeeder.adopt`). An error a
+    then counts them as its own (:meth:`~hydrax.shards.readahead.seeder.ChunkSeeder.adopt`). An error a
     child sends is raised here, once every child has ended.
     """
     warm_forkserver(main_imports=False)

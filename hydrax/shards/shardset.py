@@ -55,8 +55,12 @@ from .indexfile import ShardIndex
 from .setindex import SetIndex
 from .fetchproc import make_fetcher
 from .indexpool import index_in_processes, pool_size
-from .readahead import (EMPTY_STATS, Budget, ChunkSeeder, Fetcher, LocalFiles, ReadAhead, ShardLayout, choose_budget, data_budget,
-                        fetch_process_count, finalizer, host_room, private_root, remove_private_root)
+from .readahead.budget import Budget, choose_budget, data_budget, host_room
+from .readahead.fetcher import EMPTY_STATS, Fetcher
+from .readahead.folders import ShardLayout, finalizer, private_root, remove_private_root
+from .readahead.localfiles import LocalFiles
+from .readahead.options import ReadAhead, fetch_process_count
+from .readahead.seeder import ChunkSeeder
 from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
 from .router import store_for
 from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote
@@ -98,7 +102,7 @@ class ShardSet(Sequence["SampleRef"]):
         :mod:`hydrax.shards.hub`).
     :param cache_dir: where indexes of remote shards, and set indexes of local ones, are kept
         (default :func:`default_cache_dir`).
-    :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.readahead.ReadAhead`);
+    :param readahead: how remote shards are read ahead (:class:`~hydrax.shards.ReadAhead`);
         memory is bounded by its ``max_bytes``, by default sized for the data and the host
         (:attr:`readahead_budget`).
     :param max_open: local shard mappings kept open per process.
@@ -167,7 +171,7 @@ class ShardSet(Sequence["SampleRef"]):
         whole to index them: picks the read-ahead folder and budget now (not when a run starts),
         and returns what cuts each of those shards, while its bytes are in memory, into the chunk
         files the fetcher would fetch, while the budget has room (see
-        :class:`~hydrax.shards.readahead.ChunkSeeder`): the first epoch then reads them from there."""
+        :class:`~hydrax.shards.readahead.seeder.ChunkSeeder`): the first epoch then reads them from there."""
         data_bytes = sum(max(0, entry.size or 0) for entry in remote)  # as _remote_bytes will count them
         self._root = self._make_root(data_bytes)
         self._early_budget = self._choose_budget(data_bytes)
@@ -450,7 +454,7 @@ class ShardSet(Sequence["SampleRef"]):
     def readahead_budget(self) -> Budget | None:
         """The read-ahead budget of this process (None without remote shards or read-ahead):
         ``ReadAhead(max_bytes=...)`` when given, else chosen by
-        :func:`~hydrax.shards.readahead.choose_budget` when first asked (as a run starts) from the
+        :func:`~hydrax.shards.readahead.budget.choose_budget` when first asked (as a run starts) from the
         remote shards' bytes and the room the host has then, and kept."""
         if self._root is None:
             return None
