@@ -36,7 +36,8 @@ LIBRARY = [
     "hydrax", "hydrax.errors", "hydrax.run.loader", "hydrax.run.pipeline", "hydrax.procs.workers", "hydrax.procs.forkserver",
     "hydrax.run.hosts", "hydrax.run.placement", "hydrax.run.group", "hydrax.run.batch", "hydrax.procs.arena", "hydrax.order.schedule",
     "hydrax.run.sharding", "hydrax.procs.pinning", "hydrax.tqdm", "hydrax.shards", "hydrax.shards.build", "hydrax.shards.catalog",
-    "hydrax.shards.indexfile", "hydrax.shards.readahead", "hydrax.shards.shardset", "hydrax.shards.stats",
+    "hydrax.shards.indexfile", "hydrax.shards.indexsource", "hydrax.shards.listing", "hydrax.shards.manifest", "hydrax.shards.objstore",
+    "hydrax.shards.options", "hydrax.shards.publish", "hydrax.shards.shardtable", "hydrax.shards.readahead", "hydrax.shards.shardset", "hydrax.shards.stats",
     "hydrax.shards.store", "hydrax.shards.tarindex", "hydrax.shards.verify", "hydrax.shards.writer", "hydrax.image",
     "hydrax.image.coefs", "hydrax.image.decode", "hydrax.image.icc", "hydrax.image.oklab", "hydrax.image.srgb",
     "hydrax.image.transform",
@@ -216,7 +217,8 @@ def test_verify_reports_scan_and_grouping_errors_from_their_fields(tmp_path):
 def test_verify_reports_store_errors_without_naming_the_shard_twice(monkeypatch, raised, kind, detail):
     pytest.importorskip("obstore")
     from hydrax.shards import verify
-    from hydrax.shards.store import ObjectStore, StoreOptions
+    from hydrax.shards.objstore import ObjectStore
+    from hydrax.shards.options import StoreOptions
 
     url = "s3://data/shards/x.tar"
     store = ObjectStore("s3", "data", StoreOptions())

@@ -232,7 +232,7 @@ def with_endpoint(options, rng: random.Random, ctx: Context):
 
 def operate(store, op: str, rng: random.Random, ctx: Context, files: dict[str, bytes]) -> str:
     """Run ``op`` on ``store``; check what a success returned; return words for the tally."""
-    from hydrax.shards.hub import COMMIT
+    from hydrax.shards.hub.url import COMMIT
     from hydrax.shards.store import run_async
 
     name = rng.choice(sorted(files))
@@ -279,15 +279,14 @@ def run(seed: int, first: int, count: int) -> None:
     from support import hubserver
 
     from hydrax.errors import StoreError
-    from hydrax.shards import hub as hub_module
-    from hydrax.shards.hub import HubStore
-    from hydrax.shards.store import HFOptions
+    from hydrax.shards.hub import HubStore, client as hub_client, store as hub_store
+    from hydrax.shards.options import HFOptions
 
     # Retries at once (a hostile Retry-After would make the fuzz wait, not find anything), and
     # the bounds lowered so that mutants reach them quickly.
-    hub_module._pause = lambda seconds: None
+    hub_store._pause = lambda seconds: None
     HubStore._wait = lambda self, exc, attempt: 0.0
-    hub_module.MAX_PAGES, hub_module.MAX_API_BYTES = PAGES, API_BYTES
+    hub_store.MAX_PAGES, hub_client.MAX_API_BYTES = PAGES, API_BYTES
     hubserver.ENDLESS = LONGEST
     logging.getLogger().addHandler(logging.NullHandler())  # the store's and urllib3's warnings are expected here
 

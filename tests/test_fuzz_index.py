@@ -36,7 +36,8 @@ from support.fuzzing import MUTANTS, SEED
 
 from hydrax.errors import ObjectNotFoundError, ShardFormatError
 from hydrax.shards import ShardIndex, ShardSet, build_index, index_path, indexfile, open_index
-from hydrax.shards.catalog import ShardEntry, manifest_json
+from hydrax.shards.manifest import manifest_json
+from hydrax.shards.shardtable import ShardEntry
 from hydrax.shards.indexfile import HEADER_SIZE, _to_v1_bytes, count_samples
 from hydrax.shards.verify import verify_shard
 

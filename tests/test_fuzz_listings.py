@@ -48,8 +48,9 @@ from hydrax import Dataloader, DataGroup
 from hydrax.errors import HydraxError, ShardFormatError
 from hydrax.shards import (GCSOptions, HTTPOptions, ReadAhead, S3Options, Sample, ShardIndex, ShardSet, ShardWriter, index_path,
                            publish_indexes, read_wids_descriptor, store_for)
-from hydrax.shards.catalog import SUMMARY_NAME, ShardEntry, manifest_json
-from hydrax.shards.store import StoreOptions
+from hydrax.shards.manifest import manifest_json
+from hydrax.shards.options import StoreOptions
+from hydrax.shards.shardtable import SUMMARY_NAME, ShardEntry
 
 pytestmark = pytest.mark.fuzz
 

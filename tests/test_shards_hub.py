@@ -25,7 +25,8 @@ from hydrax.shards import ShardSet, ShardWriter, expand_urls
 from hydrax.shards.hub import HubStore, parse_url, pin_url
 from hydrax.shards.readahead import ReadAhead
 from hydrax.shards.router import store_for
-from hydrax.shards.store import HFOptions, run_async
+from hydrax.shards.options import HFOptions
+from hydrax.shards.store import run_async
 
 from support.hubserver import Answer, HubServer
 from support.timing import slack, slack_int
@@ -323,7 +324,7 @@ def test_a_file_store_that_drops_range_is_cut_for_small_files_and_refused_for_la
 
 
 def test_transient_failures_are_retried_then_named(hub, dataset, tmp_path, monkeypatch):
-    from hydrax.shards import hub as hub_module
+    from hydrax.shards.hub import store as hub_module
 
     waits = []
     monkeypatch.setattr(hub_module, "_pause", waits.append)
@@ -475,7 +476,7 @@ def test_the_hub_needs_its_extra_only_when_used():
         "sys.modules['urllib3'] = None\n"
         "sys.modules['huggingface_hub'] = None\n"
         "from hydrax.shards.hub import HubStore, hub_token\n"
-        "from hydrax.shards.store import HFOptions\n"
+        "from hydrax.shards.options import HFOptions\n"
         "print(hub_token(HFOptions())[1])\n"
         "try:\n"
         "    HubStore(HFOptions()).read('hf://datasets/org/data@' + 'a' * 40 + '/x.tar', 0, 10)\n"
@@ -663,7 +664,7 @@ def test_a_tree_listing_that_names_its_own_page_again_is_refused(hub, dataset):
 
 def test_a_tree_listing_whose_pages_never_end_is_refused(hub, dataset, monkeypatch):
     """Issue 38 row 3: every page names a new next one."""
-    from hydrax.shards import hub as hub_module
+    from hydrax.shards.hub import store as hub_module
 
     monkeypatch.setattr(hub_module, "MAX_PAGES", 20, raising=False)
     sha, _ = dataset
@@ -691,7 +692,7 @@ def test_json_nested_past_pythons_stack_is_a_store_error(hub, dataset, api):
 
 def test_an_api_answer_is_read_up_to_a_bound(hub, dataset, monkeypatch):
     """Issue 38 row 4: at most MAX_API_BYTES of an answer of the API is read."""
-    from hydrax.shards import hub as hub_module
+    from hydrax.shards.hub import client as hub_module
 
     monkeypatch.setattr(hub_module, "MAX_API_BYTES", 1 << 20, raising=False)
     sha, _ = dataset
@@ -731,7 +732,7 @@ def test_an_unusable_endpoint_is_a_config_error_naming_where_it_was_set(monkeypa
 
 def test_a_renamed_repository_is_followed_with_the_token_and_its_new_name_logged_once(hub, tmp_path, caplog, monkeypatch):
     """Issue 38 row 16: the Hub answers for a renamed repository with a 307 to the new name."""
-    from hydrax.shards import hub as hub_module
+    from hydrax.shards.hub import store as hub_module
 
     monkeypatch.setattr(hub_module, "_moved", set(), raising=False)  # what this process has logged so far
     paths = write_shards(tmp_path / "local", count=2)

@@ -11,7 +11,8 @@ import pytest
 
 from hydrax.errors import AccessDeniedError
 from hydrax.shards import ShardSet, indexpool
-from hydrax.shards import catalog
+from hydrax.shards import indexsource
+from hydrax.shards.shardtable import ShardEntry
 from support.timing import slack
 from test_shards_remote import folder_bytes, load_checked, run_epochs, write_shards
 
@@ -22,13 +23,13 @@ def pooled(monkeypatch):
     process's own indexing is recorded."""
     monkeypatch.setattr(indexpool, "POOL_MIN_BYTES", 0)
     built_here: list[str] = []
-    real = catalog.build_index_async
+    real = indexsource.build_index_async
 
     async def recorded(entry, store, sink=None):
         built_here.append(entry.url)
         return await real(entry, store, sink)
 
-    monkeypatch.setattr(catalog, "build_index_async", recorded)
+    monkeypatch.setattr(indexsource, "build_index_async", recorded)
     return built_here
 
 
@@ -120,7 +121,7 @@ def test_a_small_set_up_indexes_in_the_training_process(proxied, tmp_path):
     """Below POOL_MIN_BYTES, starting processes would cost more than it saves."""
     options, proxy, client = proxied
     urls = write_shards(tmp_path, client, count=2, indexes=False)
-    entries = [catalog.ShardEntry(u) for u in urls]
+    entries = [ShardEntry(u) for u in urls]
     for entry in entries:
         entry.size = 10_000
     assert indexpool.pool_size(entries) == 0

@@ -14,9 +14,11 @@ import pytest
 from hydrax import Dataloader, DataGroup
 from hydrax.errors import ObjectChangedError, ObjectNotFoundError, StoreUnavailableError
 from hydrax.shards import S3Options, ShardSet, ShardWriter
-from hydrax.shards.catalog import publish_indexes, read_manifest, resolve, write_manifest
+from hydrax.shards.catalog import resolve
+from hydrax.shards.manifest import read_manifest, write_manifest
 from hydrax.shards.readahead import ReadAhead
-from hydrax.shards.store import StoreOptions
+from hydrax.shards.options import StoreOptions
+from hydrax.shards.publish import publish_indexes
 
 from support.timing import slack, slack_int
 

@@ -78,8 +78,8 @@ def test_verify_checks_index_objects_against_the_shard(s3_shards):
     """A remote index with two keys swapped and a valid checksum passed verify (and delivered two
     samples under the wrong key); the same forgery of a local .hidx was caught."""
     from hydrax.shards import ShardIndex, group_samples, scan_members
-    from hydrax.shards.catalog import publish_indexes
-    from hydrax.shards.store import StoreOptions
+    from hydrax.shards.options import StoreOptions
+    from hydrax.shards.publish import publish_indexes
     from hydrax.shards.verify import verify_shard
 
     options, client, paths = s3_shards
@@ -304,8 +304,8 @@ def test_without_a_listing_index_objects_and_summaries_are_found_by_name(s3_shar
     """``hydrax shards index`` of named shards needs s3:PutObject, not s3:ListBucket; and a
     reader that may not list finds what it wrote by name (the folder summary, else each index
     object) and sets up without reading a shard."""
-    from hydrax.shards.catalog import publish_indexes
-    from hydrax.shards.store import StoreOptions
+    from hydrax.shards.options import StoreOptions
+    from hydrax.shards.publish import publish_indexes
 
     options, client, paths = s3_shards
     urls = [f"s3://data/shards/{os.path.basename(p)}" for p in paths]
@@ -399,7 +399,7 @@ def closed_port() -> int:
 
 def retries(caplog) -> list[str]:
     """The retries the store logged (one line per attempt after the first)."""
-    return [r.getMessage() for r in caplog.records if r.name == "hydrax.shards.store" and r.getMessage().startswith("retrying")]
+    return [r.getMessage() for r in caplog.records if r.name == "hydrax.shards.objstore" and r.getMessage().startswith("retrying")]
 
 
 def without_aws_variables(monkeypatch) -> None:
@@ -410,7 +410,7 @@ def without_aws_variables(monkeypatch) -> None:
 
 @pytest.fixture
 def store_log(caplog):
-    caplog.set_level(logging.DEBUG, logger="hydrax.shards.store")
+    caplog.set_level(logging.DEBUG, logger="hydrax.shards.objstore")
     return caplog
 
 

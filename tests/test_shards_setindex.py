@@ -15,7 +15,7 @@ from support.timing import slack_int
 from hydrax.errors import ObjectChangedError
 from hydrax.procs.pickling import dumps
 from hydrax.shards import ShardEntry, ShardIndex, ShardSet, ShardWriter, open_index, write_manifest
-from hydrax.shards.catalog import ShardTable, UrlList
+from hydrax.shards.shardtable import ShardTable, UrlList
 from hydrax.shards.setindex import HEADER_SIZE, SetIndex, set_index_bytes, set_index_path, urls_digest
 
 

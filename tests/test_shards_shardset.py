@@ -148,7 +148,7 @@ def test_a_count_is_checked_against_its_shard_when_the_manifest_gives_no_size(tm
 
 def test_missing_shards_of_a_manifest_may_claim_only_a_bounded_count(tmp_path):
     from hydrax.errors import ObjectNotFoundError
-    from hydrax.shards.catalog import UNCHECKED_SAMPLES
+    from hydrax.shards.manifest import UNCHECKED_SAMPLES
 
     write_small_shards(tmp_path)
     small = manifest_without_sizes(tmp_path / "small.json", [{"url": "p-000.tar", "nsamples": 3}, {"url": "gone.tar", "nsamples": 2}])

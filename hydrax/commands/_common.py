@@ -99,7 +99,7 @@ def connect_ray(address: str) -> Any:
     ``--ray`` would read with."""
     from .. import ray as on_ray
     from ..ray.runtime import connect
-    from ..shards.store import store_environment
+    from ..shards.options import store_environment
 
     connect(address, log_to_driver=False, runtime_env={"env_vars": store_environment()})
     return on_ray

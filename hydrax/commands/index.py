@@ -114,7 +114,7 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
     import time
 
     from ..errors import HydraxError
-    from ..shards.catalog import publish_indexes
+    from ..shards.publish import publish_indexes
 
     started = time.perf_counter()
     bar = progress(len(shards), "indexing", "shard", args.quiet)
@@ -138,7 +138,8 @@ def _run_remote(args: argparse.Namespace, shards: list[str], options) -> int:
 
 def _write_manifest(args: argparse.Namespace, shards, options) -> int:
     from ..errors import HydraxError
-    from ..shards.catalog import resolve, write_manifest
+    from ..shards.catalog import resolve
+    from ..shards.manifest import write_manifest
 
     try:
         entries = shards if shards and not isinstance(shards[0], str) else resolve(shards, options, "", False)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from ..shards.build import (BuildError, BuildReport, SourceSample, check_output, probe_samples, remove_shards, shard_bounds, shuffled,
                             warn_stale, warner, write_folder_summary, write_shard_range)
-from ..shards.store import S3Options, StoreOptions
+from ..shards.options import S3Options, StoreOptions
 from .runtime import connect
 from .tasks import gather, remote, task_ranges
 

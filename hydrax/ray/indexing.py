@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..shards import IndexResult, ShardEntry, index_file, publish_indexes, write_summaries
-from ..shards.store import StoreOptions
+from ..shards.options import StoreOptions
 from .runtime import connect
 from .tasks import gather, remote, task_ranges
 

@@ -1,11 +1,16 @@
 """WebDataset-style tar shards as a data source: local, S3, GCS and HTTP(S), indexed for random access."""
 
 from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_path, open_index, read_wids_descriptor
-from .catalog import ShardEntry, default_cache_dir, expand_urls, publish_indexes, read_manifest, write_manifest, write_summaries
+from .catalog import default_cache_dir
+from .listing import expand_urls
+from .manifest import read_manifest, write_manifest
+from .publish import publish_indexes, write_summaries
+from .shardtable import ShardEntry
 from .readahead.options import ReadAhead
 from .shardset import SampleRef, ShardSet
 from .router import store_for
-from .store import GCSOptions, HFOptions, HTTPOptions, ObjectInfo, S3Options, Store, StoreOptions
+from .options import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions
+from .store import ObjectInfo, Store
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 from .writer import ShardWriter
 

@@ -97,10 +97,12 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import HydraxError, ObjectNotFoundError
-from .catalog import INDEX_SUFFIX, ShardEntry, write_summaries
 from .indexfile import ShardIndex, index_path
+from .options import S3Options, StoreOptions
+from .publish import write_summaries
 from .router import store_for
-from .store import S3Options, StoreOptions, is_remote
+from .shardtable import INDEX_SUFFIX, ShardEntry
+from .store import is_remote
 from .tarindex import IMAGE_EXTENSIONS
 from .verify import decode_check
 from .writer import ShardWriter

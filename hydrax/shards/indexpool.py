@@ -1,11 +1,11 @@
 """Set-up's indexing of remote shards that have no index, in processes of its own.
 
 A remote shard with no index object (and none cached) is read whole to be indexed (see
-:mod:`hydrax.shards.catalog`). Done in the training process, that costs its CPU and GIL for every
+:mod:`hydrax.shards.indexsource`). Done in the training process, that costs its CPU and GIL for every
 byte of the bucket before the first batch, on one core. Once the shards to read hold at least
 :data:`POOL_MIN_BYTES`, :func:`index_in_processes` gives them to up to :data:`MAX_PROCESSES`
 children started from the fork server (one per core; obstore forbids forking a process that used
-it), each reading its share :data:`~hydrax.shards.catalog.BUILD_REQUESTS` at a time, indexing it,
+it), each reading its share :data:`~hydrax.shards.indexsource.BUILD_REQUESTS` at a time, indexing it,
 and cutting it into read-ahead chunk files (a :class:`~hydrax.shards.readahead.seeder.ChunkSeeder` with
 its share of the room) while its bytes are in memory. Only indexes (a few bytes per sample) and
 the names of the files kept come back.
@@ -29,18 +29,20 @@ from typing import Any
 from ..errors import StoreError
 from ..procs.processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
                          warm_forkserver)
-from .catalog import BUILD_REQUESTS, ShardEntry, build_index_async
 from .indexfile import ShardIndex
+from .indexsource import BUILD_REQUESTS, build_index_async
+from .options import StoreOptions
 from .readahead.seeder import ChunkSeeder
 from .router import store_for
-from .store import StoreOptions, gather_limited, run_async
+from .shardtable import ShardEntry
+from .store import gather_limited, run_async
 
 log = logging.getLogger(__name__)
 
 #: Set-up indexes in processes of its own once the shards it must read whole hold this many bytes
 #: (below, starting them costs more than they save).
 POOL_MIN_BYTES = 64 << 20
-#: The most indexing processes (each reads :data:`~hydrax.shards.catalog.BUILD_REQUESTS` shards at a time).
+#: The most indexing processes (each reads :data:`~hydrax.shards.indexsource.BUILD_REQUESTS` shards at a time).
 MAX_PROCESSES = 16
 
 

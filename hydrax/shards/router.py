@@ -2,16 +2,19 @@
 
 :func:`store_for` sends local paths to the local store, ``hf://`` URLs to the Hub's store
 (:mod:`hydrax.shards.hub`), and ``s3://``, ``gs://`` and ``http(s)://`` URLs to obstore's
-(:class:`~hydrax.shards.store.ObjectStore`), one per bucket or server and options, shared in the
-process. It sits above the stores, which know nothing of each other.
+(:class:`~hydrax.shards.objstore.ObjectStore`), one per bucket or server and options, shared in
+the process; :func:`origin` names the bucket, server or repository a URL lies in. It sits above
+the stores, which know nothing of each other.
 """
 
 from __future__ import annotations
 
 from ..errors import StoreError
-from .hub import hub_store
-from .store import (REMOTE_SCHEMES, LocalStore, ObjectStore, Store, StoreOptions, as_store_options, endpoint_variable, scheme_of,
-                    split_url, with_environment)
+from .hub.store import hub_store
+from .hub.url import repo_root
+from .objstore import ObjectStore, split_url
+from .options import StoreOptions, as_store_options, endpoint_variable, with_environment
+from .store import REMOTE_SCHEMES, LocalStore, Store, scheme_of
 
 _stores: dict[tuple, Store] = {}
 _LOCAL = LocalStore()
@@ -37,3 +40,15 @@ def store_for(url: str, options: StoreOptions | None = None) -> Store:
     if store is None:
         store = _stores[key] = ObjectStore(scheme, container, options, variable)
     return store
+
+
+def origin(url: str) -> str:
+    """``scheme://bucket`` (or host) of a remote URL; ``hf://datasets/ORG/NAME`` for the Hub's:
+    where ``url`` lies, which two URLs of one bucket, server or repository share."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() == "hf":
+        try:
+            return repo_root(url).lower()
+        except ValueError:
+            return url
+    return scheme.lower() + "://" + rest.split("/", 1)[0]

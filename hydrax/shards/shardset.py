@@ -26,8 +26,8 @@ Indexes are held three ways:
 - remote shards named directly: every index is found at set-up, as before, and held.
 
 What a ShardSet knows of every shard is held without a Python object per shard: the URLs as a
-:class:`~hydrax.shards.catalog.UrlList` (one byte array), and, for a manifest or remote shards,
-sizes, sample counts and versions in a :class:`~hydrax.shards.catalog.ShardTable` (arrays);
+:class:`~hydrax.shards.shardtable.UrlList` (one byte array), and, for a manifest or remote shards,
+sizes, sample counts and versions in a :class:`~hydrax.shards.shardtable.ShardTable` (arrays);
 :meth:`ShardSet.shard_entry` makes a :class:`ShardEntry` on demand. Those arrays are what a
 pickled ShardSet carries, so workers started from the fork server map them from one shared copy
 (see :mod:`hydrax.procs.pickling`) once they reach a megabyte, about 30,000 shards.
@@ -49,8 +49,10 @@ import numpy as np
 
 from ..errors import FieldNotFoundError, ObjectChangedError
 from ..procs.processes import start_forkserver_early
-from .catalog import (BuildSink, ShardEntry, ShardTable, UrlList, default_cache_dir, expand_urls, load_index,
-                      load_index_async, resolve_set)
+from .catalog import default_cache_dir, resolve_set
+from .indexsource import BuildSink, load_index, load_index_async
+from .listing import expand_urls
+from .shardtable import ShardEntry, ShardTable, UrlList
 from .indexfile import ShardIndex
 from .setindex import SetIndex
 from .fetchproc import make_fetcher
@@ -61,9 +63,12 @@ from .readahead.folders import ShardLayout, finalizer, private_root, remove_priv
 from .readahead.localfiles import LocalFiles
 from .readahead.options import ReadAhead, fetch_process_count
 from .readahead.seeder import ChunkSeeder
-from .hub import check_revisions, names_hub, pin_urls, record_revisions, settled_options
+from .hub.pins import check_revisions, pin_urls, record_revisions
+from .hub.store import settled_options
+from .hub.url import names_hub
+from .options import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions
 from .router import store_for
-from .store import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions, is_remote
+from .store import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +99,7 @@ class ShardSet(Sequence["SampleRef"]):
         and the set index of local shards into ``cache_dir``.
     :param s3: endpoint, region and credentials for ``s3://`` shards (default: the standard AWS
         configuration). ``gcs``, ``http`` and ``hf`` likewise for ``gs://``, ``http(s)://`` and
-        ``hf://`` (:class:`~hydrax.shards.store.HFOptions`: token and endpoint of the Hugging Face Hub).
+        ``hf://`` (:class:`~hydrax.shards.options.HFOptions`: token and endpoint of the Hugging Face Hub).
     :param revision: for ``hf://`` URLs that name none (``hf://datasets/ORG/NAME/PATH``), the branch,
         tag or commit to read (default ``"main"``). It is resolved to its commit once, here, and
         every read of the set, in every process, is of that commit; a branch that moved since
@@ -116,7 +121,7 @@ class ShardSet(Sequence["SampleRef"]):
     shards: a set with a remote shard, or a manifest, holds per-shard indexes as before.
 
     :attr:`urls` holds the shards' URLs (paths for local shards) as a
-    :class:`~hydrax.shards.catalog.UrlList`, which reads like a list of str: ``urls[i]``,
+    :class:`~hydrax.shards.shardtable.UrlList`, which reads like a list of str: ``urls[i]``,
     slices (lists), iteration, ``len`` and ``==`` against a list.
     """
 
@@ -192,7 +197,7 @@ class ShardSet(Sequence["SampleRef"]):
 
     def _pin(self, urls, revision: str | None, pins: dict):
         """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
-        :func:`~hydrax.shards.hub.pin_urls`), after checking that no branch moved since indexes
+        :func:`~hydrax.shards.hub.pins.pin_urls`), after checking that no branch moved since indexes
         were cached from it; ``pins`` receives the branches resolved."""
         if names_hub(urls):
             # Workers started from the fork server have its (older) environment: give them the Hub's address.

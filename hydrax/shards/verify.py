@@ -29,10 +29,11 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import LocatedError
-from .catalog import INDEX_SUFFIX
 from .indexfile import ShardIndex, index_path
+from .options import S3Options, StoreOptions
 from .router import store_for
-from .store import S3Options, StoreOptions, is_remote
+from .shardtable import INDEX_SUFFIX
+from .store import is_remote
 from .tarindex import Sample, ShardFormatError, group_samples, is_image_field, scan_members
 
 #: Field extensions (the part after the last dot of the field) that :func:`verify_shard` decodes.

@@ -213,8 +213,8 @@ def prepare(args, folder: str) -> tuple[subprocess.Popen, str]:
     from bench_remote import make_shards
 
     from hydrax.shards import S3Options
-    from hydrax.shards.catalog import publish_indexes
-    from hydrax.shards.store import StoreOptions
+    from hydrax.shards.options import StoreOptions
+    from hydrax.shards.publish import publish_indexes
 
     served = os.path.join(folder, "served")
     train = os.path.join(served, BUCKET, "train")

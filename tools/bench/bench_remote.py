@@ -164,8 +164,9 @@ def ranged_ceiling(urls: list[str], endpoint: str, sample_bytes: int, shard_byte
     import asyncio
 
     from hydrax.shards import S3Options
+    from hydrax.shards.options import StoreOptions
     from hydrax.shards.router import store_for
-    from hydrax.shards.store import StoreOptions, gather_limited
+    from hydrax.shards.store import gather_limited
 
     options = StoreOptions(s3=S3Options(endpoint_url=endpoint, **KEYS))
     rng = np.random.default_rng(1)
@@ -205,8 +206,9 @@ def bytes_per_host(urls: list[str], options, cache: str, proxy: Proxy, sample_by
 
 def setup_times(client, endpoint: str, proxy: Proxy, tmp: str, shards: int) -> dict[str, float]:
     from hydrax.shards import S3Options, ShardSet
-    from hydrax.shards.catalog import publish_indexes, write_manifest
-    from hydrax.shards.store import StoreOptions
+    from hydrax.shards.manifest import write_manifest
+    from hydrax.shards.options import StoreOptions
+    from hydrax.shards.publish import publish_indexes
 
     paths = make_shards(tmp, shards, 4, 256, "tiny")
     urls = upload(client, paths, "tiny")
@@ -288,8 +290,8 @@ def main() -> None:
             return
         paths = make_shards(tmp, args.shards, args.per_shard, args.sample_bytes, "train")
         urls = upload(client, paths, "train")
-        from hydrax.shards.catalog import publish_indexes
-        from hydrax.shards.store import StoreOptions
+        from hydrax.shards.options import StoreOptions
+        from hydrax.shards.publish import publish_indexes
 
         publish_indexes(urls, StoreOptions(s3=S3Options(endpoint_url=endpoint, **KEYS)))
         total = sum(os.path.getsize(p) for p in paths)
