@@ -181,8 +181,8 @@ def test_a_manifest_loads_indexes_lazily_and_holds_a_bounded_number(tmp_path):
     dataset = ShardSet(str(tmp_path / "data.json"), max_indexes=2, cache_dir=str(tmp_path / "cache"))
     assert dataset.set_index is None and dataset.shard_sizes() == [3] * 6
     assert contents(dataset) == contents(ShardSet(urls, cache_dir=str(tmp_path / "cache")))
-    assert len(dataset._indexes) == 2 and all(dataset.shard_entry(s).index is None for s in range(6))
-    assert isinstance(dataset.index(0), ShardIndex) and list(dataset._indexes) == [5, 0]
+    assert len(dataset._held_indexes) == 2 and all(dataset.shard_entry(s).index is None for s in range(6))
+    assert isinstance(dataset.index(0), ShardIndex) and dataset._held_indexes.shards() == [5, 0]
     with pytest.raises(ValueError, match=r"max_indexes=...\) must be a positive int, got 0"):
         ShardSet(urls, max_indexes=0)
 

@@ -1,6 +1,6 @@
 """WebDataset-style tar shards as a data source: local, S3, GCS and HTTP(S), indexed for random access."""
 
-from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_path, open_index, read_wids_descriptor
+from .indexfile import IndexResult, ShardIndex, build_index, index_file, index_path, open_index
 from .catalog import default_cache_dir
 from .listing import expand_urls
 from .manifest import read_manifest, write_manifest
@@ -11,6 +11,7 @@ from .shardset import SampleRef, ShardSet
 from .router import store_for
 from .options import GCSOptions, HFOptions, HTTPOptions, S3Options, StoreOptions
 from .store import ObjectInfo, Store
+from .wids import read_wids_descriptor
 from .tarindex import Member, Sample, ShardFormatError, group_samples, scan_members
 from .writer import ShardWriter
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import AccessDeniedError, ObjectNotFoundError, ShardFormatError, StoreError
-from .indexfile import WIDS_KIND, read_wids_descriptor
+from .wids import WIDS_KIND, read_wids_descriptor
 from .listing import stat_remote
 from .options import StoreOptions, as_store_options
 from .router import origin, store_for

@@ -39,7 +39,6 @@ import dataclasses
 import logging
 import mmap
 import os
-import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -52,6 +51,7 @@ from ..procs.processes import start_forkserver_early
 from .catalog import default_cache_dir, resolve_set
 from .indexsource import BuildSink, load_index, load_index_async
 from .listing import expand_urls
+from .heldindexes import HeldIndexes
 from .shardtable import ShardEntry, ShardTable, UrlList
 from .indexfile import ShardIndex
 from .setindex import SetIndex
@@ -144,7 +144,7 @@ class ShardSet(Sequence["SampleRef"]):
             # than when the first run starts.
             start_forkserver_early(background=True, main_imports=False)
         pins: dict = {}
-        urls = self._pin(urls, revision, pins)
+        self.options, urls = _pin(urls, revision, self.options, self.cache_dir, pins)
         self._root: str | None = None
         self._seeder: ChunkSeeder | None = None  # what set-up kept of the shards it read to index them
         self._early_budget: Budget | None = None
@@ -195,17 +195,6 @@ class ShardSet(Sequence["SampleRef"]):
         processes = pool_size(building)
         return index_in_processes(building, self.options, self._seeder, processes) if processes else None
 
-    def _pin(self, urls, revision: str | None, pins: dict):
-        """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
-        :func:`~hydrax.shards.hub.pins.pin_urls`), after checking that no branch moved since indexes
-        were cached from it; ``pins`` receives the branches resolved."""
-        if names_hub(urls):
-            # Workers started from the fork server have its (older) environment: give them the Hub's address.
-            self.options = dataclasses.replace(self.options, hf=settled_options(self.options.hf))
-        pinned = pin_urls(urls, revision, self.options.hf, pins)
-        check_revisions(pins, self.cache_dir)
-        return pinned
-
     def _adopt(self, found: ShardTable | list[ShardEntry] | tuple[UrlList, SetIndex]) -> None:
         """Hold what :func:`~hydrax.shards.catalog.resolve_set` found, compactly."""
         self._set: SetIndex | None = None
@@ -229,11 +218,8 @@ class ShardSet(Sequence["SampleRef"]):
     def _init_process_state(self) -> None:
         self._starts = self._set.sample_start if self._set is not None else self._table.starts
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
-        self._indexes: OrderedDict[int, ShardIndex] = OrderedDict()
-        self._indexes_lock = threading.Lock()  # read-ahead loads indexes from its own thread
+        self._held_indexes = HeldIndexes(self._table, self._held, self.max_indexes)
         self._layouts: dict[int, ShardLayout] = {}
-        # (size, version) of remote shards whose table lacks them, found when their indexes load
-        self._learned: dict[int, tuple[int, str]] = {}
         self._files = LocalFiles(self.max_open)
         self._remote_sample: tuple[int, int, int, Any] | None = None  # (shard, sample, offset, bytes)
         self._fetcher: Any = None  # a FetchProcess or a Fetcher (see make_fetcher)
@@ -271,46 +257,16 @@ class ShardSet(Sequence["SampleRef"]):
     def index(self, shard: int) -> ShardIndex:
         """The index of shard number ``shard``: a view of the set index, or the shard's own index
         (loaded on first use for shards named by a manifest); at most ``max_indexes`` are held."""
-        index = self._known_index(shard)
+        index = self._held_indexes.known(shard)
         if index is not None:
             return index
         if self._set is not None:
             index = self._set.shard_index(shard)
         else:
-            entry = self._entry(shard)
-            index = self._learn(shard, entry, load_index(entry, self.options, self.cache_dir, self._write_index, keep=False))
-        return self._hold(shard, index)
-
-    def _entry(self, shard: int) -> ShardEntry:
-        """A new :class:`ShardEntry` of ``shard`` (not of a set index), with the size and version
-        an earlier load of its index found when the table lacks them: a load after the index was
-        dropped reads the same version, without asking the store again."""
-        entry = self._table.entry(shard)
-        if entry.version is None and shard in self._learned:
-            entry.size, entry.version = self._learned[shard]
-        return entry
-
-    def _learn(self, shard: int, entry: ShardEntry, index: ShardIndex) -> ShardIndex:
-        if entry.version is None and index.etag is not None:
-            self._learned[shard] = (index.shard_size, index.etag)
-        return index
-
-    def _known_index(self, shard: int) -> ShardIndex | None:
-        """The index of ``shard`` if this process holds it (found at set-up, or recently used)."""
-        if self._held is not None and self._held[shard] is not None:
-            return self._held[shard]
-        with self._indexes_lock:
-            index = self._indexes.get(shard)
-            if index is not None:
-                self._indexes.move_to_end(shard)
-            return index
-
-    def _hold(self, shard: int, index: ShardIndex) -> ShardIndex:
-        with self._indexes_lock:
-            self._indexes[shard] = index
-            while len(self._indexes) > self.max_indexes:
-                self._indexes.popitem(last=False)
-        return index
+            entry = self._held_indexes.entry(shard)
+            index = self._held_indexes.learn(shard, entry, load_index(entry, self.options, self.cache_dir, self._write_index,
+                                                                      keep=False))
+        return self._held_indexes.hold(shard, index)
 
     def sample_key(self, shard: int, sample: int) -> str:
         """The key of sample ``sample`` of shard number ``shard``."""
@@ -329,7 +285,7 @@ class ShardSet(Sequence["SampleRef"]):
         made from the compact tables (with its index for a set of local shards, or remote shards
         named directly; without it for a manifest's shards, whose indexes load when read)."""
         if self._set is None:
-            entry = self._entry(shard)
+            entry = self._held_indexes.entry(shard)
             if self._held is not None:
                 entry.index = self._held[shard]
             return entry
@@ -378,11 +334,12 @@ class ShardSet(Sequence["SampleRef"]):
         """:meth:`layout` from an event loop (read-ahead loads many indexes at once)."""
         layout = self._layouts.get(shard)
         if layout is None:
-            index = self._known_index(shard)
+            held = self._held_indexes
+            index = held.known(shard)
             if index is None:
-                entry = self._entry(shard)
+                entry = held.entry(shard)
                 index = await load_index_async(entry, self.options, self.cache_dir, self._write_index, keep=False)
-                index = self._hold(shard, self._learn(shard, entry, index))
+                index = held.hold(shard, held.learn(shard, entry, index))
             layout = self._make_layout(shard, index)
         return layout
 
@@ -392,7 +349,7 @@ class ShardSet(Sequence["SampleRef"]):
             version = None
         else:
             starts, ends = index.sample_spans()
-            version = self._entry(shard).version or index.etag  # the version the reads are pinned to
+            version = self._held_indexes.entry(shard).version or index.etag  # the version the reads are pinned to
         layout = self._layouts[shard] = ShardLayout(self.urls[shard], version, starts, ends, self._root or "")
         return layout
 
@@ -508,7 +465,7 @@ class ShardSet(Sequence["SampleRef"]):
         # A set index pickles as its file's path: no per-sample data, no per-shard index; the
         # URLs and a table's arrays pickle as arrays (out of band, shared, when large).
         state = dict(self.__dict__)
-        for name in ("_starts", "_learned", "_maps", "_indexes", "_indexes_lock", "_layouts", "_files",
+        for name in ("_starts", "_maps", "_held_indexes", "_layouts", "_files",
                      "_remote_sample", "_fetcher", "_budget", "_seeder", "_early_budget"):
             state.pop(name)  # derived, or per process
         return state
@@ -528,6 +485,18 @@ def _close_fetcher(fetcher: Any, private_root: str | None, owner: int) -> None:
     fetcher.close()
     if private_root is not None:
         remove_private_root(private_root, owner)
+
+
+def _pin(urls, revision: str | None, options: StoreOptions, cache_dir: str, pins: dict) -> tuple[StoreOptions, Any]:
+    """``urls`` with every ``hf://`` URL pinned to the commit its revision points at now (see
+    :func:`~hydrax.shards.hub.pins.pin_urls`), after checking that no branch moved since indexes
+    were cached from it, and the options to read them with; ``pins`` receives the branches resolved."""
+    if names_hub(urls):
+        # Workers started from the fork server have its (older) environment: give them the Hub's address.
+        options = dataclasses.replace(options, hf=settled_options(options.hf))
+    pinned = pin_urls(urls, revision, options.hf, pins)
+    check_revisions(pins, cache_dir)
+    return options, pinned
 
 
 def _names_remote(urls) -> bool:
@@ -591,6 +560,6 @@ class SampleRef(Mapping[str, memoryview]):
     def __repr__(self) -> str:
         # Never any I/O: a repr is what an error handler logs, and loading a shard's index there
         # would fail again, inside the handler, for the very reason it is handling.
-        if self._set._set is None and self._set._known_index(self._shard) is None:
+        if self._set._set is None and self._set._held_indexes.known(self._shard) is None:
             return f"<sample {self._index} of {self.url} (its shard's index is not loaded)>"
         return f"<sample {self.key!r} of {self.url}: {', '.join(self.fields)}>"
