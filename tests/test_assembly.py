@@ -10,7 +10,7 @@ from support.workbench import workbench
 
 from hydrax import TrainingBatch
 from hydrax.run.assembly import BatchAssembler
-from hydrax.cache import RunCache
+from hydrax.cache.runcache import RunCache
 from hydrax.order.schedule import local_seeds
 
 pytestmark = pytest.mark.cpu_only

@@ -27,7 +27,8 @@ import pytest
 from support.timing import slack, slack_int
 
 import hydrax
-from hydrax import cache as hcache
+from hydrax.cache import files as cache_files
+from hydrax.cache.writers import CacheWriter
 from hydrax.errors import CacheFileError, CacheMismatchError, CacheNotFoundError, HydraxError
 
 ARRAYS = {"x": ((2,), np.float32, jnp.float32), "i": ((1,), np.int64, jnp.int32)}
@@ -325,7 +326,7 @@ def test_a_damaged_batch_file_is_named_then_loaded_through_the_loaders_and_rewri
     elif damage == "garbage":
         data = data[:size] + b"\x00garbage"
     else:
-        monkeypatch.setattr(hcache, "MAX_EXTRAS_BYTES", 4)
+        monkeypatch.setattr(cache_files, "MAX_EXTRAS_BYTES", 4)
     path.write_bytes(data)
     with caplog.at_level(logging.WARNING, logger="hydrax"):
         got = run(tmp_path, epochs=1, shuffle_later="repeat")
@@ -333,9 +334,9 @@ def test_a_damaged_batch_file_is_named_then_loaded_through_the_loaders_and_rewri
     warning = [r.getMessage() for r in caplog.records if "ignoring cache file" in r.getMessage()]
     assert len(warning) == (3 if damage == "huge_extras" else 1) and any(str(path) in w for w in warning)
     monkeypatch.undo()
-    assert hcache.open_batch_file(str(path), size, 3) is not None  # rewritten whole
+    assert cache_files.open_batch_file(str(path), size, 3) is not None  # rewritten whole
     with pytest.raises(CacheFileError) as raised:
-        hcache.open_batch_file(str(path), size + 100, 3)
+        cache_files.open_batch_file(str(path), size + 100, 3)
     assert raised.value.path == str(path) and raised.value.offset == len(path.read_bytes())
 
 
@@ -349,14 +350,14 @@ def test_direct_mode_never_reads_a_path_in_flight_200_runs(tmp_path, caplog, mon
     # would be skipped with a warning and the batch loaded again: no warning may appear at all.
     # Each write is slowed down mid-file (a slow disk), so that the race window is wide open;
     # the test checks that it was: later epochs found the path in flight.
-    write_at = hcache._write_at
+    write_at = cache_files._write_at
 
     def slow_write_at(fd, data, offset):
         time.sleep(0.002)
         write_at(fd, data, offset)
 
-    monkeypatch.setattr(hcache, "_write_at", slow_write_at)
-    in_flight = hcache.CacheWriter.in_flight
+    monkeypatch.setattr(cache_files, "_write_at", slow_write_at)
+    in_flight = CacheWriter.in_flight
     found_in_flight = []
 
     def counting_in_flight(self, path):
@@ -364,7 +365,7 @@ def test_direct_mode_never_reads_a_path_in_flight_200_runs(tmp_path, caplog, mon
         found_in_flight.append(busy)
         return busy
 
-    monkeypatch.setattr(hcache.CacheWriter, "in_flight", counting_in_flight)
+    monkeypatch.setattr(CacheWriter, "in_flight", counting_in_flight)
     started = time.monotonic()
     caplog.set_level(logging.WARNING, logger="hydrax")
     for n in range(200):
@@ -427,7 +428,7 @@ def test_sigkill_during_a_write_leaves_no_readable_half_file(tmp_path):
     assert any(n.endswith(".tmp") and ".dat." in n for n in left), f"never caught a write in progress: {left}"
     size = BIG * 4
     for name in dat_files(location):  # whatever has a final name is whole
-        cached = hcache.open_batch_file(str(location / name), size, 1)
+        cached = cache_files.open_batch_file(str(location / name), size, 1)
         assert cached is not None and cached.additional == {"d": [int(name[4:-4])]}
         del cached
     assert len(dat_files(location)) < 6
@@ -582,7 +583,7 @@ def test_a_shardset_group_in_shardwise_order_is_cached(tmp_path):
 def test_batch_files_are_mapped_read_only_and_the_lease_frees_its_slot_once(tmp_path):
     run(tmp_path, epochs=1, shuffle_later="repeat")
     size = hydrax.DataGroup(3, list(range(10)), loader_arrays=ARRAYS, cache_location=tmp_path).cache_size
-    cached = hcache.open_batch_file(str(tmp_path / "e0-b1.dat"), size, 3)
+    cached = cache_files.open_batch_file(str(tmp_path / "e0-b1.dat"), size, 3)
     assert cached.additional == {"d": [3, 4, 5]} and not cached.mapping.writable
     with pytest.raises(BufferError):
         cached.mapping.write_int64(0, 1)
@@ -596,7 +597,7 @@ def test_batch_files_are_mapped_read_only_and_the_lease_frees_its_slot_once(tmp_
     assert freed == []
     del x
     assert freed == [7]
-    assert hcache.open_batch_file(str(tmp_path / "e9-b9.dat"), size, 3) is None
+    assert cache_files.open_batch_file(str(tmp_path / "e9-b9.dat"), size, 3) is None
 
 
 def test_a_batch_cached_after_the_run_is_written_at_once(tmp_path):
@@ -605,5 +606,5 @@ def test_a_batch_cached_after_the_run_is_written_at_once(tmp_path):
         kept = list(dl)
     kept[0].cache(encode(kept[0]))
     assert dat_files(tmp_path) == ["e0-b0.dat"]
-    cached = hcache.open_batch_file(str(tmp_path / "e0-b0.dat"), group.cache_size, 3)
+    cached = cache_files.open_batch_file(str(tmp_path / "e0-b0.dat"), group.cache_size, 3)
     assert cached.additional == {"d": [0, 1, 2]}

@@ -13,8 +13,9 @@ from support.timing import slack
 
 from hydrax.errors import StoreError
 from hydrax.shards import ShardIndex, ShardSet
-from hydrax.shards.build import (BuildError, build_shards, check_key, samples_from_files, samples_from_folder,
-                                 samples_from_list, samples_from_manifest, shuffled)
+from hydrax.shards.build import build_shards, shuffled
+from hydrax.shards.buildsources import (BuildError, check_key, samples_from_files, samples_from_folder, samples_from_list,
+                                        samples_from_manifest)
 
 PIL = pytest.importorskip("PIL.Image")
 KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}

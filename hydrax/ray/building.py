@@ -23,8 +23,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from ..shards.build import (BuildError, BuildReport, SourceSample, check_output, probe_samples, remove_shards, shard_bounds, shuffled,
-                            warn_stale, warner, write_folder_summary, write_shard_range)
+from ..shards.build import BuildReport, shuffled
+from ..shards.buildoutput import warn_stale
+from ..shards.buildparts import check_output, probe_samples, remove_shards, shard_bounds, write_folder_summary, write_shard_range
+from ..shards.buildsources import BuildError, SourceSample, warner
 from ..shards.options import S3Options, StoreOptions
 from .runtime import connect
 from .tasks import gather, remote, task_ranges

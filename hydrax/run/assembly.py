@@ -21,7 +21,7 @@ import numpy as np
 from .. import _core
 from ..procs.arena import Arena
 from .batch import Batch, TrainingBatch, ValidationBatch
-from ..cache import Outcome, RunCache
+from ..cache.runcache import Outcome, RunCache
 from .inflight import InFlight
 from ..layout import ArrayLayout
 from .placement import TransferStats, custom_placement, default_placement, sharded_placement

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from ..cache import CacheTarget, check_cache_arrays, check_cache_extras
+from ..cache.runcache import CacheTarget, check_cache_arrays, check_cache_extras
 
 if TYPE_CHECKING:
     import jax

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..procs.arena import Arena, machine_memory
-from ..cache import CacheWriter, RunCache
+from ..cache.runcache import RunCache
+from ..cache.writers import CacheWriter
 from ..errors import ArenaMemoryError
 from .hosts import HostAgreement, distributed_client
 from .pipeline import Pipeline

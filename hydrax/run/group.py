@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..cache import CacheSettings
+from ..cache.settings import CacheSettings
 from ..layout import ArrayLayout, ArraySpec, compute_layouts
 from ..order.mixture import Mixture
 from ..procs.processes import watch_jax_start

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..cache import CacheEntry
+from ..cache.runcache import CacheEntry
 from .plan import GroupRun
 from ..order.schedule import Step, describe_step
 

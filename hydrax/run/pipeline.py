@@ -29,7 +29,7 @@ from .announce import Announcer, batches_ahead
 from ..procs.arena import Arena
 from .assembly import BatchAssembler
 from .batch import Batch
-from ..cache import Outcome, RunCache
+from ..cache.runcache import Outcome, RunCache
 from .diagnosis import WorkerDiagnosis
 from .failures import FailureBudget
 from .hosts import HostAgreement

@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
 
-from ..cache import GroupCache, descriptor_text, prepare_location, share_directory
+from ..cache.descriptor import descriptor_text, prepare_location
+from ..cache.files import GroupCache, share_directory
 from .group import DataGroup
 from ..layout import ArrayLayout, SlotLayout, compute_layouts, slot_layout
 from ..procs.messages import TASK_BYTES

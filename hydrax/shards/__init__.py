@@ -22,8 +22,8 @@ __all__ = [
     "scan_members", "store_for", "write_manifest", "write_summaries",
 ]
 
-from .build import (BuildError, BuildReport, SourceSample, build_shards, samples_from_files, samples_from_folder,
-                    samples_from_list, samples_from_manifest)
+from .build import BuildReport, build_shards
+from .buildsources import BuildError, SourceSample, samples_from_files, samples_from_folder, samples_from_list, samples_from_manifest
 
 __all__ += [
     "BuildError", "BuildReport", "SourceSample", "build_shards", "samples_from_files", "samples_from_folder",
