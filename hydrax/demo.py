@@ -72,7 +72,7 @@ def write_digits_shards(folder: str | os.PathLike, images: np.ndarray | None = N
     from PIL import Image
 
     from .shards.build import build_shards
-    from .shards.buildsources import samples_from_folder
+    from .shards.build.sources import samples_from_folder
 
     if images is None or labels is None:
         images, labels = load_digits()

@@ -153,7 +153,7 @@ def test_producers_run_at_the_niceness_asked_not_rays():
 
 def many_samples(root: Path, count: int = 300, bad: tuple[int, ...] = ()) -> list:
     """Samples of one file field of 100-3,000 bytes and a text field; ``bad`` ones name a missing file."""
-    from hydrax.shards.buildsources import SourceSample
+    from hydrax.shards.build.sources import SourceSample
 
     rng = np.random.default_rng(7)
     root.mkdir(parents=True, exist_ok=True)
@@ -198,7 +198,7 @@ def test_a_build_on_ray_writes_the_local_builds_shards_byte_for_byte(tmp_path):
 
 def test_a_build_on_ray_refuses_a_bad_sample_and_leaves_nothing(tmp_path):
     from hydrax.ray import build_shards_on_ray
-    from hydrax.shards.buildsources import BuildError
+    from hydrax.shards.build.sources import BuildError
 
     samples = many_samples(tmp_path / "files", count=100, bad=(77,))
     with pytest.raises(BuildError, match=r"cannot read .*s0077\.bin"):

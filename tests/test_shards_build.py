@@ -14,7 +14,7 @@ from support.timing import slack
 from hydrax.errors import StoreError
 from hydrax.shards import ShardIndex, ShardSet
 from hydrax.shards.build import build_shards, shuffled
-from hydrax.shards.buildsources import (BuildError, check_key, samples_from_files, samples_from_folder, samples_from_list,
+from hydrax.shards.build.sources import (BuildError, check_key, samples_from_files, samples_from_folder, samples_from_list,
                                         samples_from_manifest)
 
 PIL = pytest.importorskip("PIL.Image")

@@ -88,7 +88,7 @@ def register(shard_commands) -> None:
 
 
 def _kind(sources: list[str]) -> str:
-    from ..shards.buildsources import MANIFEST_SUFFIXES
+    from ..shards.build.sources import MANIFEST_SUFFIXES
 
     if len(sources) > 1:
         return "files"
@@ -102,7 +102,7 @@ def _kind(sources: list[str]) -> str:
 
 
 def _samples(args: argparse.Namespace, kind: str, warn):
-    from ..shards.buildsources import BuildError, samples_from_files, samples_from_folder, samples_from_list, samples_from_manifest
+    from ..shards.build.sources import BuildError, samples_from_files, samples_from_folder, samples_from_list, samples_from_manifest
 
     missing = [s for s in args.sources if not os.path.lexists(s)]
     if missing:
@@ -159,7 +159,7 @@ def _build_on_ray(args: argparse.Namespace, samples, common: dict, advance):
 
 def run(args: argparse.Namespace) -> int:
     from ..shards.build import build_shards
-    from ..shards.buildsources import BuildError
+    from ..shards.build.sources import BuildError
 
     if args.seed is not None and not args.shuffle:
         report("shards build", "--seed only applies with --shuffle")

@@ -24,9 +24,9 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..shards.build import BuildReport, shuffled
-from ..shards.buildoutput import warn_stale
-from ..shards.buildparts import check_output, probe_samples, remove_shards, shard_bounds, write_folder_summary, write_shard_range
-from ..shards.buildsources import BuildError, SourceSample, warner
+from ..shards.build.output import warn_stale
+from ..shards.build.parts import check_output, probe_samples, remove_shards, shard_bounds, write_folder_summary, write_shard_range
+from ..shards.build.sources import BuildError, SourceSample, warner
 from ..shards.options import S3Options, StoreOptions
 from .runtime import connect
 from .tasks import gather, remote, task_ranges

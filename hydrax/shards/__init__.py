@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 from .build import BuildReport, build_shards
-from .buildsources import BuildError, SourceSample, samples_from_files, samples_from_folder, samples_from_list, samples_from_manifest
+from .build.sources import BuildError, SourceSample, samples_from_files, samples_from_folder, samples_from_list, samples_from_manifest
 
 __all__ += [
     "BuildError", "BuildReport", "SourceSample", "build_shards", "samples_from_files", "samples_from_folder",

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from .buildoutput import BuildOutput, parse_pattern, refuse_existing
-from .buildreading import load_sample
-from .buildsources import BuildError, SourceSample
-from .shardtable import ShardEntry
-from .options import S3Options, StoreOptions
-from .writer import ShardWriter
+from .output import BuildOutput, parse_pattern, refuse_existing
+from .reading import load_sample
+from .sources import BuildError, SourceSample
+from ..shardtable import ShardEntry
+from ..options import S3Options, StoreOptions
+from ..writer import ShardWriter
 
 
 def payload_size(loaded: Mapping[str, Any]) -> int:

@@ -7,11 +7,11 @@ reading any file, so every naming problem is found before anything is written.
 images decode, and writes the samples with :class:`~hydrax.shards.ShardWriter`. The same samples
 and options always give byte-identical shards.
 
-This module holds :func:`build_shards` and keeps every name of a build importable from here; the
-steps live beside it: the sources and keys in :mod:`~hydrax.shards.buildsources`, reading the
-files (and the worker processes) in :mod:`~hydrax.shards.buildreading`, naming and publishing
-shards in :mod:`~hydrax.shards.buildoutput`, and a build split into parts (what
-:func:`hydrax.ray.build_shards_on_ray` runs) in :mod:`~hydrax.shards.buildparts`.
+This package's opening module holds :func:`build_shards` and keeps every name of a build
+importable from here; the steps have a module each: the sources and keys in :mod:`~hydrax.shards.build.sources`, reading the
+files (and the worker processes) in :mod:`~hydrax.shards.build.reading`, naming and publishing
+shards in :mod:`~hydrax.shards.build.output`, and a build split into parts (what
+:func:`hydrax.ray.build_shards_on_ray` runs) in :mod:`~hydrax.shards.build.parts`.
 
 .. rubric:: How each source becomes samples
 
@@ -91,14 +91,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .buildoutput import BuildOutput, parse_pattern, refuse_existing, warn_stale
-from .buildparts import (PartReport, check_output, payload_size, probe_samples, remove_shards, shard_bounds,
+from .output import BuildOutput, parse_pattern, refuse_existing, warn_stale
+from .parts import (PartReport, check_output, payload_size, probe_samples, remove_shards, shard_bounds,
                          write_folder_summary, write_shard_range)
-from .buildreading import load_samples
-from .buildsources import (MANIFEST_SUFFIXES, BuildError, SourceSample, check_key, samples_from_files, samples_from_folder,
+from .reading import load_samples
+from .sources import (MANIFEST_SUFFIXES, BuildError, SourceSample, check_key, samples_from_files, samples_from_folder,
                            samples_from_list, samples_from_manifest, warner)
-from .options import S3Options, StoreOptions
-from .writer import ShardWriter
+from ..options import S3Options, StoreOptions
+from ..writer import ShardWriter
 
 __all__ = [
     "MANIFEST_SUFFIXES", "BuildError", "BuildReport", "PartReport", "SourceSample", "build_shards", "check_key", "check_output",

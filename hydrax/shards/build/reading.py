@@ -13,9 +13,9 @@ import signal
 from collections import deque
 from typing import Any, Iterator, Sequence
 
-from .buildsources import BuildError, SourceSample
-from .tarindex import IMAGE_EXTENSIONS
-from .verify import decode_check
+from .sources import BuildError, SourceSample
+from ..tarindex import IMAGE_EXTENSIONS
+from ..verify import decode_check
 
 
 def _check_image(path: str, data: bytes, where: str) -> None:
@@ -61,7 +61,7 @@ def _probe(chunk: Sequence[SourceSample], check_images: bool) -> list[BuildError
 
 
 def _start_worker() -> None:
-    from ..procs.processes import die_with_parent
+    from ...procs.processes import die_with_parent
 
     # Ctrl+C reaches the whole process group: the parent cleans up and stops the pool (with
     # SIGTERM), so the workers should neither die mid-task nor print tracebacks of their own; a
@@ -84,7 +84,7 @@ def load_samples(samples: Sequence[SourceSample], workers: int, check_images: bo
     # writer) is the bottleneck. Processes rather than threads, because Pillow's parsing and the
     # writer both hold the GIL much of the time. Chunks amortise the pool's cost per task; the
     # window bounds how far ahead the workers run.
-    from ..procs.processes import start_method
+    from ...procs.processes import start_method
 
     chunk = 64
     window: deque[tuple[Sequence[SourceSample], Any]] = deque()

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import HydraxError
-from .tarindex import IMAGE_EXTENSIONS
+from ...errors import HydraxError
+from ..tarindex import IMAGE_EXTENSIONS
 
 #: Manifest kinds by file suffix.
 MANIFEST_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}

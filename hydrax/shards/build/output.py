@@ -17,14 +17,14 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
-from ..errors import ObjectNotFoundError
-from .buildsources import BuildError
-from .publish import write_summaries
-from .shardtable import INDEX_SUFFIX, ShardEntry
-from .indexfile import ShardIndex, index_path
-from .router import store_for
-from .options import S3Options, StoreOptions
-from .store import is_remote
+from ...errors import ObjectNotFoundError
+from .sources import BuildError
+from ..publish import write_summaries
+from ..shardtable import INDEX_SUFFIX, ShardEntry
+from ..indexfile import ShardIndex, index_path
+from ..router import store_for
+from ..options import S3Options, StoreOptions
+from ..store import is_remote
 
 _CONVERSION = re.compile(r"%(?:%|(0\d+)?d)?")
 
