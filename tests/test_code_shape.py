@@ -70,6 +70,15 @@ def test_every_module_opens_by_saying_what_it_owns():
     assert [str(path.relative_to(PACKAGE.parent)) for path, tree in modules() if not ast.get_docstring(tree)] == []
 
 
+def test_no_module_or_class_is_longer_than_the_limit():
+    long = [f"{path.relative_to(PACKAGE.parent)} ({len(path.read_text().splitlines())} lines)" for path, _ in modules()
+            if path.name not in LONG_MODULES and len(path.read_text().splitlines()) > MAX_MODULE_LINES]
+    long += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} class {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+             for path, tree in modules() for node in ast.walk(tree)
+             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+    assert long == []
+
+
 #: A kernel function's first line: ``def``, ``cdef`` or ``cpdef``, a return type, a name and "(".
 KERNEL_FUNCTION = re.compile(r"^(\s*)(?:cdef|cpdef|def)\s+(?!extern\b|class\b|struct\b)[\w\[\], .*]*?(\w+)\s*\(")
 

@@ -10,7 +10,8 @@
 """
 
 from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError
-from .connection import Connection, Message
+from .connection import Connection
+from .receiver import Message
 from .producer import ServeReport, serve
 from .reliable import Collector
 from .security import Curve, curve_keypair

@@ -53,8 +53,8 @@ import zmq
 from .. import tenbin
 from ..errors import MessageError, PeerTimeoutError, SchemaError, ServeError
 from . import envelope, schema as schemas
-from .connection import Message
 from .peers import PeerCount
+from .receiver import Message
 from .security import Curve
 from .sharedmem import Mappings, Ring, check_size, host_identity, ring_bytes
 from .urls import Endpoint, parse_urls
