@@ -42,6 +42,18 @@ def check_index(
     fields: int,
     shard_size: int,
 ) -> int: ...
+def read_image_header(data: Any) -> tuple[int, int, int, int, int, int]: ...
+def read_image_headers(
+    data: Any,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    statuses: np.ndarray,
+    formats: np.ndarray,
+    widths: np.ndarray,
+    heights: np.ndarray,
+    orientations: np.ndarray,
+    offsets: np.ndarray,
+) -> int: ...
 def convert_pixels(
     src: np.ndarray,
     out: np.ndarray,

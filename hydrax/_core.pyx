@@ -25,6 +25,12 @@ extension to build and ship, with each family of kernels in an include file of i
   arrays of a shard index, without a Python object per member.
 - :func:`check_index` tells, in one pass, whether the arrays of a loaded index hang together.
 
+``_imagesize.pxi``: an encoded image's size, from its header alone.
+
+- :func:`read_image_header` reads a JPEG's, PNG's, WebP's or GIF's width and height (and a
+  JPEG's EXIF orientation) without decoding it; :func:`read_image_headers` does so for many
+  images in one buffer (a shard's members) without the GIL. Damaged bytes give a status code.
+
 ``_pixels.pxi``: decoded images to batch values.
 
 - :func:`convert_pixels` takes decoded 8-bit pixels through the source profile's curves, a colour
@@ -71,7 +77,7 @@ extension to build and ship, with each family of kernels in an include file of i
 - :class:`MixtureBlock` holds a block's tables and does the shuffle, the slots and the items of
   a range of positions in one call (:meth:`MixtureBlock.fill`): a worker's share of a batch.
 
-``hydrax/_fallback.py`` has pure-Python twins of the tar, permutation, shuffle and mixture kernels; the
+``hydrax/_fallback.py`` has pure-Python twins of the tar, image header, permutation, shuffle and mixture kernels; the
 tests use them as the oracle (and numpy itself for the shuffles).
 """
 
@@ -83,6 +89,7 @@ from libc.string cimport memcpy
 
 include "_arena.pxi"
 include "_tar.pxi"
+include "_imagesize.pxi"
 include "_pixels.pxi"
 include "_resample.pxi"
 include "_planes.pxi"

@@ -4,12 +4,14 @@ Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long
 agreeing with its twin here. It also holds the numpy twins of the permutation kernels
 (``_permute.pxi``), :func:`feistel_permute` and :func:`feistel_windows`, and that of the shuffle
 kernel (``_shuffle.pxi``), :func:`shuffle_runs`, made of numpy's own generators, and that of
-the mixture kernel (``_mixture.pxi``), :func:`mixture_slots`.
+the mixture kernel (``_mixture.pxi``), :func:`mixture_slots`, and that of the image header
+kernels (``_imagesize.pxi``), :func:`read_image_header` and :func:`read_image_headers`.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 
 import numpy as np
 
@@ -328,3 +330,170 @@ def mixture_items(source, stream, sizes, offsets, first_pass, key_rows, keys) ->
             mine[now] = feistel_permute(sizes[s], np.asarray(keys)[r], offset[now])
         out[chosen] = offsets[s] + mine
     return out
+
+
+# -- image headers (``_imagesize.pxi``) -----------------------------------------------------------
+
+#: Statuses of :func:`read_image_header`, as the kernel numbers them.
+(IMAGE_OK, IMAGE_UNKNOWN_FORMAT, IMAGE_TRUNCATED, IMAGE_BAD_MARKER, IMAGE_BAD_LENGTH, IMAGE_NO_SIZE, IMAGE_BAD_SIGNATURE,
+ IMAGE_BAD_SIZE, IMAGE_OUTSIDE_DATA) = range(9)
+#: Formats, as the kernel numbers them.
+FORMAT_NONE, FORMAT_JPEG, FORMAT_PNG, FORMAT_WEBP, FORMAT_GIF = range(5)
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn; not DHT, JPG, DAC
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class _Failed(Exception):
+    """A header that does not give a size: ``status`` and the byte ``offset`` it is about."""
+
+    def __init__(self, status: int, offset: int) -> None:
+        super().__init__(status, offset)
+        self.status, self.offset = status, offset
+
+
+def _sized(width: int, height: int, orientation: int, offset: int) -> tuple[int, int, int, int]:
+    if width <= 0 or height <= 0:
+        raise _Failed(IMAGE_BAD_SIZE, offset)
+    return width, height, orientation, offset
+
+
+def exif_orientation(block: bytes) -> int:
+    """The EXIF orientation (1-8) that IFD0 of a TIFF-structured ``block`` holds, as one SHORT or
+    LONG; 1 where the block does not parse, lacks the tag or holds any other value."""
+    if len(block) < 8 or block[:2] not in (b"II", b"MM"):
+        return 1
+    order = "<" if block[:2] == b"II" else ">"
+    magic, ifd = struct.unpack_from(order + "HI", block, 2)
+    if magic != 42 or ifd < 8 or ifd + 2 > len(block):
+        return 1
+    (count,) = struct.unpack_from(order + "H", block, ifd)
+    if ifd + 2 + 12 * count > len(block):
+        return 1
+    for entry in range(ifd + 2, ifd + 2 + 12 * count, 12):
+        tag, kind, number = struct.unpack_from(order + "HHI", block, entry)
+        if tag == 0x0112:
+            if number != 1 or kind not in (3, 4):
+                return 1
+            (value,) = struct.unpack_from(order + ("H" if kind == 3 else "I"), block, entry + 8)
+            return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int, int, int]:
+    """Walk a JPEG's marker segments to its first frame header (SOFn)."""
+    at, orientation, exif_seen = 2, 1, False
+    while True:
+        if at >= len(data):
+            raise _Failed(IMAGE_TRUNCATED, at)
+        if data[at] != 0xFF:
+            raise _Failed(IMAGE_BAD_MARKER, at)
+        mark = at
+        while at < len(data) and data[at] == 0xFF:  # fill bytes
+            at += 1
+        if at >= len(data):
+            raise _Failed(IMAGE_TRUNCATED, mark)
+        marker = data[at]
+        at += 1
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM and RSTn stand alone
+            continue
+        if marker in (0xD8, 0xD9, 0xDA):
+            raise _Failed(IMAGE_NO_SIZE, mark)
+        if marker < 0xC0:
+            raise _Failed(IMAGE_BAD_MARKER, mark)
+        if at + 2 > len(data):
+            raise _Failed(IMAGE_TRUNCATED, mark)
+        (length,) = struct.unpack_from(">H", data, at)
+        if length < 2 or (marker in _JPEG_FRAMES and length < 8):
+            raise _Failed(IMAGE_BAD_LENGTH, mark)
+        if at + length > len(data):
+            raise _Failed(IMAGE_TRUNCATED, mark)
+        segment = data[at + 2 : at + length]
+        if marker in _JPEG_FRAMES:
+            height, width = struct.unpack_from(">HH", segment, 1)
+            return _sized(width, height, orientation, mark)
+        if marker == 0xE1 and not exif_seen and segment[:6] == b"Exif\0\0":
+            exif_seen = True
+            orientation = exif_orientation(segment[6:])
+        at += length
+
+
+def _png_size(data: bytes) -> tuple[int, int, int, int]:
+    """The IHDR chunk, first after the signature."""
+    if len(data) < 24:
+        raise _Failed(IMAGE_TRUNCATED, 8)
+    length, kind, width, height = struct.unpack_from(">I4sII", data, 8)
+    if kind != b"IHDR":
+        raise _Failed(IMAGE_NO_SIZE, 8)
+    if length != 13:
+        raise _Failed(IMAGE_BAD_LENGTH, 8)
+    if width >= 1 << 31 or height >= 1 << 31:
+        raise _Failed(IMAGE_BAD_SIZE, 8)
+    return _sized(width, height, 1, 8)
+
+
+def _webp_size(data: bytes) -> tuple[int, int, int, int]:
+    """The first chunk of a WebP file: VP8, VP8L or VP8X."""
+    if len(data) < 20:
+        raise _Failed(IMAGE_TRUNCATED, 12)
+    kind, size = struct.unpack_from("<4sI", data, 12)
+    need = {b"VP8 ": 10, b"VP8L": 5, b"VP8X": 10}.get(kind)
+    if need is None:
+        raise _Failed(IMAGE_NO_SIZE, 12)
+    if size < need:
+        raise _Failed(IMAGE_BAD_LENGTH, 12)
+    if len(data) < 20 + need:
+        raise _Failed(IMAGE_TRUNCATED, 12)
+    body = data[20 : 20 + need]
+    if kind == b"VP8 ":  # frame tag (3 bytes), start code, 14-bit width and height (2 scale bits above)
+        if body[3:6] != b"\x9d\x01\x2a":
+            raise _Failed(IMAGE_BAD_SIGNATURE, 23)
+        width, height = struct.unpack_from("<HH", body, 6)
+        return _sized(width & 0x3FFF, height & 0x3FFF, 1, 12)
+    if kind == b"VP8L":  # signature 0x2f, then width-1 and height-1 in 14 bits each, alpha, version
+        (bits,) = struct.unpack_from("<I", body, 1)
+        if body[0] != 0x2F or bits >> 29:
+            raise _Failed(IMAGE_BAD_SIGNATURE, 20)
+        return _sized((bits & 0x3FFF) + 1, (bits >> 14 & 0x3FFF) + 1, 1, 12)
+    # VP8X: flags, 3 reserved bytes, canvas width-1 and height-1 in 24 bits each
+    return _sized(int.from_bytes(body[4:7], "little") + 1, int.from_bytes(body[7:10], "little") + 1, 1, 12)
+
+
+def read_image_header(data) -> tuple[int, int, int, int, int, int]:
+    """Twin of :func:`hydrax._core.read_image_header`: ``(status, format, width, height,
+    orientation, offset)``."""
+    data = bytes(data)
+    if data[:2] == b"\xff\xd8":
+        fmt, read = FORMAT_JPEG, _jpeg_size
+    elif data[:8] == _PNG_SIGNATURE:
+        fmt, read = FORMAT_PNG, _png_size
+    elif len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        fmt, read = FORMAT_WEBP, _webp_size
+    elif data[:6] in (b"GIF87a", b"GIF89a"):
+        fmt = FORMAT_GIF
+
+        def read(data):
+            if len(data) < 10:
+                raise _Failed(IMAGE_TRUNCATED, 6)
+            return _sized(*struct.unpack_from("<HH", data, 6), 1, 6)
+    else:
+        return IMAGE_UNKNOWN_FORMAT, FORMAT_NONE, 0, 0, 0, 0
+    try:
+        width, height, orientation, offset = read(data)
+    except _Failed as failed:
+        return failed.status, fmt, 0, 0, 0, failed.offset
+    return IMAGE_OK, fmt, width, height, orientation, offset
+
+
+def read_image_headers(data, starts, lengths) -> tuple[np.ndarray, ...]:
+    """Twin of :func:`hydrax._core.read_image_headers`, returning its output arrays (statuses,
+    formats, widths, heights, orientations, offsets) instead of filling them."""
+    data = bytes(data)
+    rows = []
+    for start, length in zip(np.asarray(starts).tolist(), np.asarray(lengths).tolist()):
+        if start < 0 or length < 0 or start + length > len(data):
+            rows.append((IMAGE_OUTSIDE_DATA, FORMAT_NONE, 0, 0, 0, 0))
+        else:
+            rows.append(read_image_header(data[start : start + length]))
+    columns = list(zip(*rows)) or [()] * 6
+    dtypes = (np.uint8, np.uint8, np.int32, np.int32, np.uint8, np.int64)
+    return tuple(np.array(column, dtype) for column, dtype in zip(columns, dtypes))

@@ -8,6 +8,9 @@ A typical loader function::
     def load(path, arrays, seed):
         write_hwc(open_srgb(path), arrays["image"], Coefs.IMAGENET_SRGB)
 
+- :func:`image_size` reads an encoded image's upright width and height from its header, without
+  decoding it; :func:`image_sizes` does so for many, with a status per image (see
+  :mod:`hydrax.image.sizes`).
 - :func:`open_srgb` opens an image and converts it to sRGB using its embedded ICC profile.
 - :func:`write_hwc` / :func:`write_chw` copy it into a loader array and map ``[0, 255]`` to the
   model's representation with a :class:`Coefs`; :func:`from_srgb_hwc` goes back to a PIL image.
@@ -50,13 +53,21 @@ from .oklab import (
 )
 from .decode import ImageError, decode_into
 from .icc import ProfileError
+from .sizes import ImageHeader, ImageSizes, SizeStatus, image_header, image_size, image_sizes, image_sizes_in
 from .srgb import CONVERT_PERCEPTUAL, CONVERT_RELATIVE, open_srgb, set_max_image_pixels
 
-# hydrax 0.2.2's public names, plus decode_into and its errors, the Oklab matrices and the
-# reference functions.
+# hydrax 0.2.2's public names, plus decode_into and its errors, the image sizes, the Oklab
+# matrices and the reference functions.
 __all__ = [
     "ImageError",
     "decode_into",
+    "ImageHeader",
+    "ImageSizes",
+    "SizeStatus",
+    "image_header",
+    "image_size",
+    "image_sizes",
+    "image_sizes_in",
     "CONVERT_PERCEPTUAL",
     "CONVERT_RELATIVE",
     "M1",
