@@ -95,7 +95,13 @@ class JpegLibrary:
     path: str
     def __init__(self, path: str) -> None: ...
     def decode_planes(
-        self, data: memoryview | bytes, width: int, height: int, sampling: tuple[tuple[int, int], ...], buffer: np.ndarray
+        self,
+        data: memoryview | bytes,
+        width: int,
+        height: int,
+        sampling: tuple[tuple[int, int], ...],
+        buffer: np.ndarray,
+        stop: int = -1,
     ) -> int: ...
 
 def planar_kernels(most: int = -1) -> int: ...

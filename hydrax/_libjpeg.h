@@ -140,11 +140,14 @@ static int hx_jpeg_sampled_as(const hx_jpeg_job *job, const int *sampling)
  * for component c, rows[c] is an array of imcu_rows * HX_JPEG_MAX_LINES row pointers, of which
  * iMCU row m uses the HX_JPEG_MAX_LINES from m * HX_JPEG_MAX_LINES (the caller points each at a
  * row of its plane, long enough for the component's width in whole blocks). max_lines is 8 x the
- * largest vertical sampling factor. Returns 0, or 1 where libjpeg reported anything, or 2 where
+ * largest vertical sampling factor. Decoding stops after the iMCU row that holds luma row stop - 1
+ * (stop at most height): the decompressor is then destroyed without reading the rest, so the rows
+ * below are neither decoded nor checked. Returns 0, or 1 where libjpeg reported anything, or 2 where
  * the file is not what the caller said (size, components, colour space, sampling factors). */
 static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsigned char *data, size_t size,
                           unsigned int width, unsigned int height, const int *sampling,
-                          unsigned char **rows[HX_MAX_COMPONENTS], ptrdiff_t imcu_rows, unsigned int max_lines)
+                          unsigned char **rows[HX_MAX_COMPONENTS], ptrdiff_t imcu_rows, unsigned int max_lines,
+                          unsigned int stop)
 {
     volatile int created = 0;
     volatile int status = 2;
@@ -172,7 +175,7 @@ static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
         if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_WIDTH) == width &&
             HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_HEIGHT) == height) {
             ptrdiff_t m;
-            for (m = 0; m < imcu_rows && HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) < height; m++) {
+            for (m = 0; m < imcu_rows && HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) < stop; m++) {
                 unsigned char **planes[HX_MAX_COMPONENTS];
                 int c;
                 for (c = 0; c < HX_MAX_COMPONENTS; c++)
@@ -183,6 +186,8 @@ static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
             if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) >= height) {
                 api->finish(job->cinfo.bytes);
                 status = 0;
+            } else if (HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) >= stop) {
+                status = 0; /* every row asked for: the rest is left undecoded (destroy aborts) */
             }
         }
     }

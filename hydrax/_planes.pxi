@@ -29,7 +29,7 @@ cdef extern from "_libjpeg.h":
     int hx_jpeg_bind(const char* path, hx_jpeg_api* api) noexcept nogil
     int hx_jpeg_planes(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
                        unsigned int width, unsigned int height, const int* sampling, unsigned char*** rows,
-                       Py_ssize_t imcu_rows, unsigned int max_lines) noexcept nogil
+                       Py_ssize_t imcu_rows, unsigned int max_lines, unsigned int stop) noexcept nogil
 
 cdef enum:
     PLANE_ALIGN = 16     # each plane's rows start 16-byte aligned
@@ -85,15 +85,21 @@ cdef class JpegLibrary:
             raise OSError(f"cannot use {self.path!r} as libjpeg-turbo: it does not open, or lacks libjpeg's functions")
 
     def decode_planes(self, const unsigned char[::1] data, Py_ssize_t width, Py_ssize_t height, tuple sampling,
-                      unsigned char[::1] buffer):
+                      unsigned char[::1] buffer, Py_ssize_t stop=-1):
         """Decode the JPEG ``data`` (``width`` x ``height``, YCbCr, components sampled as
         ``sampling``) into ``buffer`` (at least :func:`jpeg_plane_layout`'s size, 16-byte
-        aligned) as that layout says. Returns 0, 1 where libjpeg reported an error or a warning
+        aligned) as that layout says. With ``stop`` (1 to ``height``), only the iMCU rows up to
+        the one holding luma row ``stop - 1`` are decoded (the planes' rows below are then not
+        written, and any damage there goes unseen). Returns 0, 1 where libjpeg reported an error or a warning
         (the planes are then not usable), or 2 where the file is not what the arguments say (its
         size, components, colour space or sampling factors: nothing is then written)."""
         planes, size = jpeg_plane_layout(width, height, sampling)
         if buffer.shape[0] < size or (<uintptr_t>&buffer[0]) % PLANE_ALIGN:
             raise ValueError(f"the buffer must be 16-byte aligned and hold {size} bytes, not {buffer.shape[0]}")
+        if stop == 0:
+            raise ValueError("stop must be a positive number of rows, or -1 for all")
+        if stop < 0 or stop > height:
+            stop = height
         if data.shape[0] == 0:
             return 2
         cdef Py_ssize_t vmax = max(v for h, v in sampling)
@@ -120,7 +126,7 @@ cdef class JpegLibrary:
         cdef int status
         with nogil:
             status = hx_jpeg_planes(&self.api, job, &data[0], data.shape[0], width, height, factors, components,
-                                    imcu_rows, 8 * vmax)
+                                    imcu_rows, 8 * vmax, stop)
         free(pointers)
         free(job)
         return status

@@ -51,16 +51,18 @@ from .oklab import (
     srgb_eotf,
     srgb_oetf,
 )
+from .boxes import random_resized_box
 from .decode import ImageError, decode_into
 from .icc import ProfileError
 from .sizes import ImageHeader, ImageSizes, SizeStatus, image_header, image_size, image_sizes, image_sizes_in
 from .srgb import CONVERT_PERCEPTUAL, CONVERT_RELATIVE, open_srgb, set_max_image_pixels
 
-# hydrax 0.2.2's public names, plus decode_into and its errors, the image sizes, the Oklab
-# matrices and the reference functions.
+# hydrax 0.2.2's public names, plus decode_into and its errors, the random resized crop's box,
+# the image sizes, the Oklab matrices and the reference functions.
 __all__ = [
     "ImageError",
     "decode_into",
+    "random_resized_box",
     "ImageHeader",
     "ImageSizes",
     "SizeStatus",

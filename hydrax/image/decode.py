@@ -40,14 +40,15 @@ from PIL import Image, UnidentifiedImageError
 from .. import _core
 from ..errors import ImageError, ProfileError
 from . import jpeg
-from .resample import FILTERS, resize_into, resize_planes_into
+from .boxes import mix_seed, check_range, random_resized_box
+from .resample import FILTERS, plane_rows_read, resize_into, resize_planes_into
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
 #: Orientation tag values that swap width and height (EXIF 5-8).
 _TRANSPOSED = (5, 6, 7, 8)
 _LAYOUTS = ("hwc", "chw")
-_CROPS = ("center", "random")
+_CROPS = ("center", "random", "random_resized")
 _ORIENTATION_TAG = 0x0112
 # What Pillow's format plugins raise for damaged data: besides OSError, each raises what its parser
 # trips over (a short struct, a bad zlib stream, an index past a table...).
@@ -106,15 +107,6 @@ def pillow_error_message(exc: BaseException, *, damaged: str = "truncated or cor
     return f"{damaged}: {_pillow_reason(exc)}"
 
 
-def _mix(seed: int, stream: int) -> int:
-    """64 well-mixed bits from (seed, stream): SplitMix64's finaliser, so item seeds in sequence
-    give unrelated crops and flips."""
-    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return z ^ (z >> 31)
-
-
 def scale_for(width: int, height: int, out_height: int, out_width: int, size: int | None = None) -> float:
     """The factor a ``width`` x ``height`` image is resized by to fill an ``out_height`` x
     ``out_width`` output.
@@ -147,15 +139,15 @@ def crop_box(width: int, height: int, out_height: int, out_width: int, size: int
     if crop == "center":
         left, top = (scaled_w - out_width) // 2, (scaled_h - out_height) // 2
     else:
-        left = _mix(seed, 1) % (scaled_w - out_width + 1)
-        top = _mix(seed, 2) % (scaled_h - out_height + 1)
+        left = mix_seed(seed, 1) % (scaled_w - out_width + 1)
+        top = mix_seed(seed, 2) % (scaled_h - out_height + 1)
     sx, sy = width / scaled_w, height / scaled_h
     return left * sx, top * sy, (left + out_width) * sx, (top + out_height) * sy
 
 
 def flips(seed: int) -> bool:
     """Whether the item with ``seed`` is mirrored when ``flip=True`` (half of all seeds are)."""
-    return bool(_mix(seed, 3) & 1)
+    return bool(mix_seed(seed, 3) & 1)
 
 
 def _open(data: Any, formats, name: str):
@@ -218,6 +210,8 @@ def decode_into(
     crop: str = "center",
     flip: bool = False,
     seed: int | None = None,
+    scale: tuple[float, float] | None = None,
+    ratio: tuple[float, float] | None = None,
     space: str = "srgb",
     coefs=None,
     convert: tuple = (1, 0x2400),
@@ -234,9 +228,16 @@ def decode_into(
         pixel for pixel, and one of another shape keeps all of the side that fits and loses only
         what sticks out of the other). A ``size`` too small to cover ``out`` is raised to the
         covering scale: images are never stretched. See :func:`scale_for` and :func:`crop_box`.
-    :param crop: ``"center"`` or ``"random"`` (a position drawn from ``seed``, reproducibly).
+    :param crop: ``"center"``, ``"random"`` (a position drawn from ``seed``, reproducibly), or
+        ``"random_resized"``: an Inception-style random resized crop, the box of
+        :func:`hydrax.image.random_resized_box` drawn from ``seed`` and resized to the whole of
+        ``out`` (its aspect changes; ``size`` does not apply). See docs/images.rst.
+    :param scale: with ``crop="random_resized"``, the range of the box's area as a fraction of
+        the image's (default ``(0.08, 1.0)``).
+    :param ratio: with ``crop="random_resized"``, the range of the box's aspect ratio, width /
+        height (default ``(3/4, 4/3)``), drawn log-uniformly.
     :param flip: mirror left-right when ``seed`` says so (see :func:`flips`).
-    :param seed: the loader's item seed; needed for a random crop or flip.
+    :param seed: the loader's item seed; needed for a random crop (of either kind) or flip.
     :param space: ``"srgb"``, ``"linear"`` (linear-light sRGB) or ``"oklab"``.
     :param coefs: a :class:`hydrax.image.Coefs` applied to colour values on the 0-255 scale (and
         to alpha), as ``write_hwc`` does; without it float outputs are fractions (sRGB, linear)
@@ -253,24 +254,26 @@ def decode_into(
     """
     chw, channels, out_h, out_w, intent, flags = _check_arguments(out, layout, size, crop, flip, seed, space, coefs,
                                                                   convert, bad_profile)
+    resized = _check_resized(crop, size, seed, scale, ratio)
     filter_ = Image.Resampling.BILINEAR if resample is None else resample
     # (anything else given as the filter goes to Pillow, which words the error)
     if (formats is None or "JPEG" in formats) and isinstance(filter_, int) and filter_ in FILTERS:
         header_and_view = _plain_jpeg(data)
         if header_and_view is not None and _jpeg_into(*header_and_view, out, chw=chw, size=size, crop=crop,
                                                       flip=flip and flips(seed), seed=seed, space=space, coefs=coefs,
-                                                      kind=int(filter_), bad_profile=bad_profile):
+                                                      kind=int(filter_), bad_profile=bad_profile, resized=resized):
             return
-    image = _open_upright(data, formats, out_h, out_w, size)
-    box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
+    image, box = _open_upright(data, formats, out_h, out_w, size, resized)
+    if box is None:
+        box = crop_box(image.width, image.height, out_h, out_w, size, crop, seed)
     profile = image.info.get("icc_profile")
-    resized = image.resize((out_w, out_h), filter_, box=box)
+    image = image.resize((out_w, out_h), filter_, box=box)
     if flip and flips(seed):
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    transform = transform_for(profile, resized.mode, space, bad_profile=bad_profile)
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    transform = transform_for(profile, image.mode, space, bad_profile=bad_profile)
     if transform.lcms:
-        resized = _littlecms(resized, profile, intent, flags, bad_profile)
-    _write(resized, transform, out, chw, channels, coefs)
+        image = _littlecms(image, profile, intent, flags, bad_profile)
+    _write(image, transform, out, chw, channels, coefs)
 
 
 def _plain_jpeg(data: Any) -> tuple[jpeg.JpegHeader, memoryview] | None:
@@ -289,20 +292,30 @@ def _plain_jpeg(data: Any) -> tuple[jpeg.JpegHeader, memoryview] | None:
 
 
 def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, chw: bool, size: int | None, crop: str,
-               flip: bool, seed: int | None, space: str, coefs, kind: int, bad_profile: str) -> bool:
+               flip: bool, seed: int | None, space: str, coefs, kind: int, bad_profile: str,
+               resized: tuple | None = None) -> bool:
     """The fast paths: decode (as planes where the file allows it, see the module's docstring),
     turn upright, resize, crop, mirror and convert into ``out``; False (nothing written) where
-    they leave the image to Pillow's path."""
+    they leave the image to Pillow's path. ``resized``: ``(seed, scale, ratio)`` of a random
+    resized crop, else None."""
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
     transposed = header.orientation in _TRANSPOSED
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
-    draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), transposed)
+    region = None if resized is None else random_resized_box(width, height, *resized)
+    draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), transposed)
     # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
     planes = pixels = None
+    (luma_h, luma_v), (chroma_h, chroma_v) = header.sampling[:2] if header.components == 3 else ((1, 1), (1, 1))
+    subsampling = (luma_h // chroma_h, luma_v // chroma_v)
     if draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
-        planes = jpeg.decode_planes(view, header)
+        stop = None  # a random resized box needs the rows down to its bottom only: libjpeg stops there
+        if region is not None and jpeg.planar(header):
+            stop = plane_rows_read(header.height, region[1], region[3], out_h, kind, subsampling[1],
+                                   -(-header.height * chroma_v // luma_v))
+        planes = jpeg.decode_planes(view, header, stop)
+    factor = 1 if draft is None else jpeg.draft_factor(header, *draft)
     if planes is None:
-        pixels = jpeg.decode(view, header, 1 if draft is None else jpeg.draft_factor(header, *draft))
+        pixels = jpeg.decode(view, header, factor)
         if pixels is None:
             return False
     # the profile only now: damaged data with a damaged profile fails as damaged data, as on Pillow's path
@@ -315,13 +328,14 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
         colour = _colour_tables(transform, out.dtype, channels, coefs)
     target = _kernel_target(out)
     if planes is not None:
-        (luma_h, luma_v), (chroma_h, chroma_v) = header.sampling[:2]
-        box = crop_box(header.width, header.height, out_h, out_w, size, crop, seed)
-        resize_planes_into(planes, (luma_h // chroma_h, luma_v // chroma_v), box, target, chw=chw, flip=flip, kind=kind,
-                           colour=colour)
+        box = region or crop_box(header.width, header.height, out_h, out_w, size, crop, seed)
+        resize_planes_into(planes, subsampling, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
     else:
         pixels = jpeg.upright(pixels, header.orientation)
-        box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
+        if region is None:
+            box = crop_box(pixels.shape[1], pixels.shape[0], out_h, out_w, size, crop, seed)
+        else:
+            box = _scaled_box(region, factor, width, height, header.orientation)
         resize_into(pixels, box, target, chw=chw, flip=flip, kind=kind, colour=colour)
     if target is not out:
         out[...] = target
@@ -338,7 +352,7 @@ def _check_arguments(out: np.ndarray, layout: str, size: int | None, crop: str, 
         raise ValueError(f"bad_profile must be 'raise' or 'warn', got {bad_profile!r}")
     intent, flags = intent_and_flags(convert)
     if crop not in _CROPS:
-        raise ValueError(f"crop must be 'center' or 'random', got {crop!r}")
+        raise ValueError(f"crop must be 'center', 'random' or 'random_resized', got {crop!r}")
     if size is not None and int(size) < 1:
         raise ValueError(f"size must be a positive number of pixels, got {size!r}")
     if (crop == "random" or flip) and seed is None:
@@ -356,18 +370,24 @@ def _check_arguments(out: np.ndarray, layout: str, size: int | None, crop: str, 
     return chw, channels, out_h, out_w, intent, flags
 
 
-def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None):
-    """``data`` decoded, turned as its EXIF orientation says, in a mode the kernel reads (its ICC
-    profile kept). A JPEG at least twice the size needed is scaled down in the DCT domain as it decodes."""
+def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None, resized: tuple | None = None):
+    """``(image, box)``: ``data`` decoded, turned as its EXIF orientation says, in a mode the kernel
+    reads (its ICC profile kept), and for a random resized crop (``resized``: its seed, scale and
+    ratio) the box in that image, else None. A JPEG at least twice the size needed is scaled down
+    in the DCT domain as it decodes."""
     name = _describe(data)
     image = _open(data, formats, name)
     orientation = _orientation(image)
     width, height = image.size
     if orientation in _TRANSPOSED:
         width, height = height, width
-    draft = _draft_size(width, height, scale_for(width, height, out_h, out_w, size), orientation in _TRANSPOSED)
+    region = None if resized is None else random_resized_box(width, height, *resized)
+    draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), orientation in _TRANSPOSED)
+    factor, stored_width = 1, image.size[0]
     if image.format == "JPEG" and draft is not None:
-        image.draft(image.mode, draft)
+        drafted = image.draft(image.mode, draft)
+        if drafted is not None and drafted[1] is not None:  # Pillow's box: the stored size over its factor
+            factor = max(1, round(stored_width / drafted[1][2]))
     _load(image, name)
     if orientation not in (None, 1):
         from PIL import ImageOps
@@ -379,7 +399,8 @@ def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None):
             raise ImageError(f"{name}: its EXIF orientation {orientation!r} cannot be applied: {_pillow_reason(exc)}") from None
         if profile:
             image.info["icc_profile"] = profile
-    return _to_8bit(image)
+    box = None if region is None else _scaled_box(region, factor, width, height, orientation or 1)
+    return _to_8bit(image), box
 
 
 def _orientation(image) -> int | None:
@@ -413,6 +434,53 @@ def _write(image, transform: PixelTransform, out: np.ndarray, chw: bool, channel
     _core.convert_pixels(np.ascontiguousarray(pixels), target, chw, *_colour_tables(transform, out.dtype, channels, coefs))
     if target is not out:
         out[...] = target
+
+
+def _check_resized(crop: str, size: int | None, seed: int | None, scale, ratio) -> tuple | None:
+    """``(seed, scale, ratio)`` for a random resized crop (defaults filled in, each range checked),
+    None for another crop; ValueError for ``scale`` or ``ratio`` given without one."""
+    if crop != "random_resized":
+        for name, value in (("scale", scale), ("ratio", ratio)):
+            if value is not None:
+                raise ValueError(f"{name} is for crop='random_resized' only, got {name}={value!r} with crop={crop!r}")
+        return None
+    if seed is None:
+        raise ValueError("crop='random_resized' needs the item's seed (validation items have none: use crop='center')")
+    if size is not None:
+        raise ValueError(f"size does not apply to crop='random_resized' (its box is resized to the whole slot), got size={size!r}")
+    scale = (0.08, 1.0) if scale is None else check_range("scale", scale)
+    ratio = (3 / 4, 4 / 3) if ratio is None else check_range("ratio", ratio)
+    return seed, scale, ratio
+
+
+def _draft_scale(width: int, height: int, out_h: int, out_w: int, size: int | None, region) -> float:
+    """The factor the image is resized by: :func:`scale_for`'s, or for a random resized crop's
+    ``region`` the larger of the box's two (so DCT scaling keeps the box at least the slot's size)."""
+    if region is None:
+        return scale_for(width, height, out_h, out_w, size)
+    left, top, right, bottom = region
+    return max(out_w / (right - left), out_h / (bottom - top))
+
+
+def _scaled_box(region, factor: int, width: int, height: int, orientation: int) -> tuple[float, float, float, float]:
+    """``region`` of the upright ``width`` x ``height`` image in the image decoded at 1/``factor``
+    (each stored side rounded up, as libjpeg-turbo does) and then turned upright: a mirrored
+    axis is measured from its far edge, where the rounding left a fraction of a pixel."""
+    left, top, right, bottom = region
+    if factor == 1:
+        return float(left), float(top), float(right), float(bottom)
+    scaled_w, scaled_h = -(-width // factor), -(-height // factor)
+    if orientation in (2, 3, 6, 7):  # upright columns run the other way from stored ones
+        left, right = width - right, width - left
+        left, right = scaled_w - right / factor, scaled_w - left / factor
+    else:
+        left, right = left / factor, right / factor
+    if orientation in (3, 4, 7, 8):
+        top, bottom = height - bottom, height - top
+        top, bottom = scaled_h - bottom / factor, scaled_h - top / factor
+    else:
+        top, bottom = top / factor, bottom / factor
+    return left, top, right, bottom
 
 
 def _draft_size(width: int, height: int, scale: float, transposed: bool) -> tuple[int, int] | None:
@@ -449,4 +517,5 @@ def _affine(dtype: np.dtype, channels: int, coefs) -> tuple[np.ndarray, np.ndarr
     return (np.asarray(scale, np.float64) * 255.0).astype(np.float32), np.asarray(offset, np.float32)
 
 
-__all__ = ["PILLOW_ERRORS", "ImageError", "ProfileError", "crop_box", "decode_into", "flips", "pillow_error_message", "scale_for"]
+__all__ = ["PILLOW_ERRORS", "ImageError", "ProfileError", "crop_box", "decode_into", "flips", "pillow_error_message",
+           "random_resized_box", "scale_for"]

@@ -320,21 +320,24 @@ def planar(header: JpegHeader) -> bool:
     return across == 1 or -(-header.width // across) > MIN_FANCY_WIDTH
 
 
-def decode_planes(data: memoryview, header: JpegHeader) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def decode_planes(data: memoryview, header: JpegHeader,
+                  stop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The Y, Cb and Cr planes of the JPEG in ``data`` as stored (chroma at its own resolution,
     ``header.sampling`` says which), uint8, in this thread's buffer, so valid until the next call.
-    None where the file is not :func:`planar`, there is no :func:`library`, or libjpeg-turbo
+    With ``stop``, libjpeg-turbo stops after the iMCU row that holds luma row ``stop - 1`` (and
+    the chroma rows decoded with it): the rows below are left as the buffer held them, unread by
+    anything that only reads rows above ``stop``, and damage there goes unnoticed. None where the file is not :func:`planar`, there is no :func:`library`, or libjpeg-turbo
     reports anything at all (the caller then takes another path, which words any error)."""
     found = library()
     if found is None or not planar(header):
         return None
-    return _planes_of(found, data, header)
+    return _planes_of(found, data, header, -1 if stop is None else max(1, min(int(stop), header.height)))
 
 
-def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader):
+def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, stop: int = -1):
     layout, size = _core.jpeg_plane_layout(header.width, header.height, header.sampling)
     buffer = _buffer(size)
-    if found.decode_planes(data, header.width, header.height, header.sampling, buffer) != 0:
+    if found.decode_planes(data, header.width, header.height, header.sampling, buffer, stop) != 0:
         return None
     return tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
                  for offset, rows, stride, height, width in layout)

@@ -65,4 +65,16 @@ def resize_planes_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], subsam
                                taps(height, top, bottom, out_h, kind, blue.shape[0]) if down == 2 else rows, colour)
 
 
-__all__ = ["FILTERS", "resize_into", "resize_planes_into", "taps"]
+def plane_rows_read(height: int, top: float, bottom: float, out_h: int, kind: int, down: int, chroma_rows: int) -> int:
+    """How many of the top luma rows of a JPEG ``height`` rows high :func:`resize_planes_into`
+    reads to fill ``out_h`` rows from the box's ``top``..``bottom``, chroma at 1/``down`` (1 or 2)
+    of luma's vertical resolution, ``chroma_rows`` rows high: the rows the plane decoder must
+    decode (the same cached taps as the resize, so asking costs nothing more)."""
+    top, bottom = float(np.float32(top)), float(np.float32(bottom))
+    needed = taps(height, top, bottom, out_h, kind).last
+    if down == 2:
+        needed = max(needed, 2 * taps(height, top, bottom, out_h, kind, chroma_rows).last)
+    return min(height, needed)
+
+
+__all__ = ["FILTERS", "plane_rows_read", "resize_into", "resize_planes_into", "taps"]

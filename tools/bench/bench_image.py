@@ -16,6 +16,13 @@ the slot, centre crop) by:
   ``imdecode`` + ``cv2.resize``: what a user writes by hand;
 - the decode alone, by Pillow and by simplejpeg (no resize): the floor.
 
+With ``--random-resized``, it measures an Inception-style random resized crop instead, for
+500x375 and 1600x1200 photos side by side (``--images`` of each): ``decode_into(...,
+crop="random_resized")``; simplejpeg's full decode, a numpy crop of the same box and
+``cv2.resize``; Pillow's full decode, crop and resize (bilinear); torchvision's
+``RandomResizedCrop`` on the Pillow image where torchvision imports. The others get their boxes
+computed beforehand (hydrax draws its own, inside the timing).
+
 Runs are interleaved; each figure is the median over ``--repeat`` passes of CPU ms per image
 (``time.process_time``, so a busy machine moves it less than wall time), and ratios are to
 Pillow's path in the same run. PSNR (uint8 rows) is against a reference made in float from the
@@ -34,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from hydrax.image import Coefs, decode_into
+from hydrax.image import Coefs, decode_into, random_resized_box
 from hydrax.image.decode import crop_box
 
 ICC = Path(__file__).resolve().parents[2] / "tests" / "data" / "icc"
@@ -105,6 +112,70 @@ def runs_for(out: int):
     }
 
 
+def random_resized_runs(out: int, inputs: list[bytes]):
+    """The random resized crop contenders for ``inputs``; the item's seed is its index."""
+    import cv2
+    import simplejpeg
+
+    cv2.setNumThreads(1)
+    slot = np.empty((out, out, 3), np.uint8)
+    decoded = np.empty(4000 * 4000 * 3, np.uint8)
+    boxes = [random_resized_box(*Image.open(io.BytesIO(data)).size, seed) for seed, data in enumerate(inputs)]
+
+    def hydrax_run(seed, data):
+        decode_into(data, slot, crop="random_resized", seed=seed)
+
+    def simplejpeg_run(seed, data):
+        left, top, right, bottom = boxes[seed]
+        pixels = simplejpeg.decode_jpeg(data, buffer=decoded)
+        slot[...] = cv2.resize(pixels[top:bottom, left:right], (out, out), interpolation=cv2.INTER_LINEAR)
+
+    def pillow_run(seed, data):
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        slot[...] = np.asarray(image.crop(boxes[seed]).resize((out, out), Image.Resampling.BILINEAR))
+
+    runs = {"hydrax decode_into, random_resized": hydrax_run, "simplejpeg + numpy crop + cv2.resize": simplejpeg_run,
+            "Pillow decode + crop + resize": pillow_run}
+    try:
+        from torchvision.transforms import functional
+    except ImportError:
+        return runs
+
+    def torchvision_run(seed, data):
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+        left, top, right, bottom = boxes[seed]
+        crop = functional.resized_crop(image, top, left, bottom - top, right - left, [out, out], antialias=True)
+        slot[...] = np.asarray(crop)
+
+    runs["torchvision resized_crop (PIL)"] = torchvision_run
+    return runs
+
+
+def bench_random_resized(args) -> None:
+    """Images per CPU second of each random resized crop contender, 500x375 and 1600x1200 side by side."""
+    core = min(os.sched_getaffinity(0))
+    print(f"random resized crop into {args.out}x{args.out}, uint8 HWC, bilinear; core {core} only; "
+          f"medians of {args.repeat} interleaved passes over {args.images} photos q90 of each size")
+    print(f"{'photos':10} {'path':40} {'CPU ms/img':>10} {'img/s/core':>10}")
+    for width, height in ((500, 375), (1600, 1200)):
+        inputs = photos(args.images, width, height, None)
+        runs = random_resized_runs(args.out, inputs)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeat):
+            for name, run in runs.items():
+                started = time.process_time()
+                for seed, data in enumerate(inputs):
+                    run(seed, data)
+                times[name].append((time.process_time() - started) / len(inputs) * 1e3)
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        for name, ms in medians.items():
+            print(f"{width}x{height:<6} {name:40} {ms:10.3f} {1e3 / ms:10,.0f}")
+        ours = medians.pop("hydrax decode_into, random_resized")
+        best = min(medians, key=medians.get)
+        print(f"{width}x{height:<6} hydrax / best other ({best}): {medians[best] / ours:.2f}x; "
+              f"load average {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=200)
@@ -113,9 +184,13 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=375)
     parser.add_argument("--out", type=int, default=224)
     parser.add_argument("--psnr-images", type=int, default=40, help="images the PSNR is averaged over")
+    parser.add_argument("--random-resized", action="store_true", help="bench the random resized crop instead")
     args = parser.parse_args()
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
+    if args.random_resized:
+        bench_random_resized(args)
+        return
     inputs = {"plain": photos(args.images, args.width, args.height, None),
               "adobe": photos(args.images, args.width, args.height, (ICC / "AdobeRGB1998.icc").read_bytes())}
     slot, _, runs = runs_for(args.out)

@@ -1,0 +1,97 @@
+"""Crop boxes drawn from an item's seed: the random choices :func:`hydrax.image.decode_into` makes.
+
+Every random choice is a pure function of the loader's item seed (and the image's size), so a
+crop can be checked and replayed without decoding anything: :func:`random_resized_box` here, the
+crop position and flip in :mod:`hydrax.image.decode`.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+#: The default range of a random resized crop's area, as a fraction of the image's.
+DEFAULT_SCALE = (0.08, 1.0)
+#: The default range of a random resized crop's aspect ratio (width / height).
+DEFAULT_RATIO = (3 / 4, 4 / 3)
+#: Draws of area and aspect before the centred fallback (the number torchvision documents).
+TRIES = 10
+# The stream of mix_seed that keys a random resized crop's generator (1-3 are the crop position and flip).
+_RESIZED_STREAM = 4
+
+
+def mix_seed(seed: int, stream: int) -> int:
+    """64 well-mixed bits from (seed, stream): SplitMix64's finaliser, so item seeds in sequence
+    give unrelated crops and flips."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
+def check_range(name: str, value) -> tuple[float, float]:
+    """``value`` as a ``(low, high)`` pair of positive finite floats with low <= high; else a
+    ValueError naming the argument ``name``."""
+    try:
+        low, high = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) pair of positive numbers, got {value!r}") from None
+    if not all(isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (low, high)):
+        raise ValueError(f"{name} must be a (low, high) pair of positive finite numbers, got {value!r}")
+    if low > high:
+        raise ValueError(f"{name} must be (low, high) with low <= high, got {value!r}")
+    return float(low), float(high)
+
+
+def random_resized_box(width: int, height: int, seed: int, scale=DEFAULT_SCALE,
+                       ratio=DEFAULT_RATIO) -> tuple[int, int, int, int]:
+    """The box ``(left, top, right, bottom)``, in whole pixels, of an Inception-style random
+    resized crop of an upright ``width`` x ``height`` image, drawn from the item's ``seed``.
+
+    The algorithm is the one torchvision documents for ``RandomResizedCrop``: up to
+    :data:`TRIES` times, draw an area uniformly from ``scale`` times the image's area and an
+    aspect ratio (width / height) log-uniformly from ``ratio``; the box of that area and aspect,
+    its sides rounded to whole pixels, is taken when it fits in the image, at a position drawn
+    uniformly from those where it fits. When no draw fits, the box is the centred crop whose
+    aspect is the image's clamped into ``ratio`` (the whole image where that is inside).
+
+    The draws come from a numpy ``Generator(PCG64)`` keyed by ``seed`` alone, so a box is
+    reproducible anywhere, and neighbouring seeds give unrelated boxes. Raises ValueError for a
+    ``scale`` or ``ratio`` that is not a (low, high) pair of positive finite numbers with
+    low <= high, or an image without pixels.
+    """
+    low_scale, high_scale = check_range("scale", scale)
+    low_ratio, high_ratio = check_range("ratio", ratio)
+    width, height = int(width), int(height)
+    if width < 1 or height < 1:
+        raise ValueError(f"the image must have pixels, got {width}x{height}")
+    rng = np.random.Generator(np.random.PCG64(mix_seed(int(seed), _RESIZED_STREAM)))
+    area = width * height
+    log_low, log_high = math.log(low_ratio), math.log(high_ratio)
+    for _ in range(TRIES):
+        target = area * rng.uniform(low_scale, high_scale)
+        aspect = math.exp(rng.uniform(log_low, log_high))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return left, top, left + w, top + h
+    return centre_box(width, height, low_ratio, high_ratio)
+
+
+def centre_box(width: int, height: int, low_ratio: float, high_ratio: float) -> tuple[int, int, int, int]:
+    """The fallback of :func:`random_resized_box`: the centred box whose aspect is the image's
+    clamped into ``low_ratio``..``high_ratio`` (at least one pixel a side)."""
+    aspect = width / height
+    w, h = width, height
+    if aspect < low_ratio:
+        h = max(1, min(height, round(width / low_ratio)))
+    elif aspect > high_ratio:
+        w = max(1, min(width, round(height * high_ratio)))
+    left, top = (width - w) // 2, (height - h) // 2
+    return left, top, left + w, top + h
+
+
+__all__ = ["DEFAULT_RATIO", "DEFAULT_SCALE", "TRIES", "centre_box", "check_range", "mix_seed", "random_resized_box"]
