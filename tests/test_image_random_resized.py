@@ -3,9 +3,7 @@ algorithm torchvision documents, and the slot on each decoding path against Pill
 
 import io
 import math
-import os
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -17,8 +15,8 @@ from hydrax.image.boxes import centre_box  # noqa: E402
 from hydrax.image.decode import _scaled_box, flips  # noqa: E402
 
 SEEDS = 100_000
-# torchvision where a CPU wheel was installed beside the tests (it is no dependency of hydrax)
-TORCH_TARGET = os.environ.get("HYDRAX_TORCH_TARGET", "/tmp/tv")
+# torchvision itself is no test dependency (torch's wheels are large, and its CPU index is not
+# among the registries CI reaches): the reference is the algorithm as its documentation gives it.
 
 
 def reference_box(width, height, rng: random.Random, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
@@ -56,23 +54,6 @@ def test_the_box_distribution_is_the_documented_algorithms(width, height, count)
     tolerance = 0.01 if count == SEEDS else 0.02
     assert abs(area / ref_area - 1) < tolerance, (area, ref_area)
     assert abs(aspect / ref_aspect - 1) < tolerance, (aspect, ref_aspect)
-
-
-def test_the_box_distribution_is_torchvisions():
-    if os.path.isdir(TORCH_TARGET) and TORCH_TARGET not in sys.path:
-        sys.path.append(TORCH_TARGET)
-    torch = pytest.importorskip("torch")
-    transforms = pytest.importorskip("torchvision.transforms")
-    torch.manual_seed(0)
-    width, height = 500, 375
-    image = torch.zeros((1, height, width))
-    theirs = []
-    for _ in range(SEEDS):
-        top, left, h, w = transforms.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
-        theirs.append((left, top, left + w, top + h))
-    ours = [random_resized_box(width, height, seed) for seed in range(SEEDS)]
-    (area, aspect), (ref_area, ref_aspect) = _moments(ours, width, height), _moments(theirs, width, height)
-    assert abs(area / ref_area - 1) < 0.01 and abs(aspect / ref_aspect - 1) < 0.01, (area, ref_area, aspect, ref_aspect)
 
 
 @pytest.mark.parametrize(("width", "height"), [(500, 375), (1, 1), (1, 300), (300, 1), (2, 3), (4000, 37), (640, 640)])
