@@ -40,13 +40,12 @@ from PIL import Image, UnidentifiedImageError
 from .. import _core
 from ..errors import ImageError, ProfileError
 from . import jpeg
-from .boxes import mix_seed, check_range, random_resized_box
+from .boxes import DEFAULT_RATIO, DEFAULT_SCALE, check_range, mix_seed, random_resized_box
 from .resample import FILTERS, plane_rows_read, resize_into, resize_planes_into
+from .sizes import TRANSPOSED_ORIENTATIONS
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
-#: Orientation tag values that swap width and height (EXIF 5-8).
-_TRANSPOSED = (5, 6, 7, 8)
 _LAYOUTS = ("hwc", "chw")
 _CROPS = ("center", "random", "random_resized")
 _ORIENTATION_TAG = 0x0112
@@ -299,7 +298,7 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     they leave the image to Pillow's path. ``resized``: ``(seed, scale, ratio)`` of a random
     resized crop, else None."""
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
-    transposed = header.orientation in _TRANSPOSED
+    transposed = header.orientation in TRANSPOSED_ORIENTATIONS
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
     region = None if resized is None else random_resized_box(width, height, *resized)
     draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), transposed)
@@ -379,10 +378,10 @@ def _open_upright(data: Any, formats, out_h: int, out_w: int, size: int | None, 
     image = _open(data, formats, name)
     orientation = _orientation(image)
     width, height = image.size
-    if orientation in _TRANSPOSED:
+    if orientation in TRANSPOSED_ORIENTATIONS:
         width, height = height, width
     region = None if resized is None else random_resized_box(width, height, *resized)
-    draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), orientation in _TRANSPOSED)
+    draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), orientation in TRANSPOSED_ORIENTATIONS)
     factor, stored_width = 1, image.size[0]
     if image.format == "JPEG" and draft is not None:
         drafted = image.draft(image.mode, draft)
@@ -448,8 +447,8 @@ def _check_resized(crop: str, size: int | None, seed: int | None, scale, ratio) 
         raise ValueError("crop='random_resized' needs the item's seed (validation items have none: use crop='center')")
     if size is not None:
         raise ValueError(f"size does not apply to crop='random_resized' (its box is resized to the whole slot), got size={size!r}")
-    scale = (0.08, 1.0) if scale is None else check_range("scale", scale)
-    ratio = (3 / 4, 4 / 3) if ratio is None else check_range("ratio", ratio)
+    scale = DEFAULT_SCALE if scale is None else check_range("scale", scale)
+    ratio = DEFAULT_RATIO if ratio is None else check_range("ratio", ratio)
     return seed, scale, ratio
 
 

@@ -31,6 +31,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _core
+from .sizes import TRANSPOSED_ORIENTATIONS
 
 try:
     import simplejpeg
@@ -346,7 +347,7 @@ def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, s
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """A view of stored ``pixels`` as EXIF ``orientation`` says they are seen (what Pillow's
     ``ImageOps.exif_transpose`` makes, without a copy)."""
-    if orientation in (5, 6, 7, 8):
+    if orientation in TRANSPOSED_ORIENTATIONS:
         pixels = pixels.transpose(1, 0, 2)
     if orientation in (2, 3, 6, 7):
         pixels = pixels[:, ::-1]
