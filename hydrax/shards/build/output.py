@@ -76,9 +76,14 @@ class BuildOutput:
             self.temp = tempfile.mkdtemp(prefix="hydrax-build-")
         else:
             self.folder = os.path.dirname(pattern) or "."
-            if not os.path.isdir(self.folder):
-                self._created = self.folder
+            # Parts of one build written at once (Ray tasks on one host) each make the folder if it
+            # is missing: whichever makes it owns its removal; the others find it there.
+            try:
                 os.makedirs(self.folder)
+                self._created = self.folder
+            except FileExistsError:
+                if not os.path.isdir(self.folder):
+                    raise
             # In the output folder, so the rename onto the final name never crosses filesystems.
             self.temp = tempfile.mkdtemp(prefix=".hydrax-build-", dir=self.folder)
         self.temp_pattern = os.path.join(self.temp, os.path.basename(pattern))
