@@ -5,6 +5,7 @@ program needs; the API is a drop-in for hydrax 0.2.2.
 """
 
 from .run.batch import Batch, TrainingBatch, ValidationBatch
+from .run.buckets import bucket_groups
 from .debug import debug_batch_references
 from .errors import BatchFailedError, BatchTimeoutError, CheckpointMismatchError, WorkerError
 from .run.group import DataGroup
@@ -18,7 +19,8 @@ __version__ = "0.3.0.dev0"
 
 __all__ = [
     "ArrayLayout", "ArraySpec", "Batch", "BatchFailedError", "BatchTimeoutError", "CheckpointMismatchError", "DataGroup", "Dataloader", "LoaderFunc",
-    "Mixture", "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "debug_batch_references", "is_worker",
+    "Mixture", "PlacementFunc", "StartupFunc", "TrainingBatch", "ValidationBatch", "WorkerError", "bucket_groups", "debug_batch_references",
+    "is_worker",
 ]
 
 from .procs.processes import watch_jax_start as _watch_jax_start

@@ -11,6 +11,8 @@ A typical loader function::
 - :func:`image_size` reads an encoded image's upright width and height from its header, without
   decoding it; :func:`image_sizes` does so for many, with a status per image (see
   :mod:`hydrax.image.sizes`).
+- :func:`plan_buckets` assigns images to aspect-ratio buckets from their sizes, and
+  :func:`hydrax.bucket_groups` makes a DataGroup of each (see :mod:`hydrax.image.buckets`).
 - :func:`open_srgb` opens an image and converts it to sRGB using its embedded ICC profile.
 - :func:`write_hwc` / :func:`write_chw` copy it into a loader array and map ``[0, 255]`` to the
   model's representation with a :class:`Coefs`; :func:`from_srgb_hwc` goes back to a PIL image.
@@ -52,6 +54,7 @@ from .oklab import (
     srgb_oetf,
 )
 from .boxes import random_resized_box
+from .buckets import Bucket, BucketPlan, bucket_resolutions, plan_buckets
 from .decode import ImageError, decode_into
 from .icc import ProfileError
 from .sizes import ImageHeader, ImageSizes, SizeStatus, image_header, image_size, image_sizes, image_sizes_in
@@ -63,6 +66,10 @@ __all__ = [
     "ImageError",
     "decode_into",
     "random_resized_box",
+    "Bucket",
+    "BucketPlan",
+    "bucket_resolutions",
+    "plan_buckets",
     "ImageHeader",
     "ImageSizes",
     "SizeStatus",
