@@ -168,3 +168,26 @@ def test_a_plan_of_other_data_is_refused(photos):
         hydrax.bucket_groups(plan, shards, lambda h, w: KEY)
     with pytest.raises(TypeError, match="batch_size"):
         hydrax.bucket_groups(plan, list(range(10)), lambda h, w: KEY, batch_size=4)
+
+
+@pytest.mark.slow
+def test_buckets_of_remote_shards_are_read_ahead_through_their_shared_set(http_store, tmp_path):
+    base, folder = http_store
+    rng = np.random.default_rng(1)
+    with ShardWriter(str(folder / "r-%02d.tar"), maxcount=100) as sink:
+        for i in range(600):
+            aspect = ASPECTS[i % 4 * 3]  # 4 aspects
+            buffer = io.BytesIO()
+            Image.new("RGB", (aspect[0] * 5, aspect[1] * 5), (int(rng.integers(0, 256)), 90, 9)).save(buffer, "JPEG")
+            sink.write({"__key__": f"{i:06d}", "jpg": buffer.getvalue()})
+    remote = ShardSet(f"{base}/r-{{00..05}}.tar", cache_dir=str(tmp_path / "cache"))
+    found = image_sizes([bytes(sample["jpg"]) for sample in remote])
+    plan = plan_buckets(found.widths, found.heights, resolutions=[(a * 8, b * 8) for a, b in ASPECTS], batch_size=10)
+    assert len(plan.buckets) == 4 and plan.left_out_per_epoch == 0
+    groups = hydrax.bucket_groups(plan, remote, lambda h, w: KEY, shuffle_later="shardwise")
+    assert all(group.data.prefetch_items == remote.prefetch_items > 0 for group in groups)
+    batches = run(groups, end_at=("epoch", 2))
+    for epoch in (0, 1):
+        assert sorted(k for e, _, _, ks in batches if e == epoch for k in ks) == list(range(600))
+    stats = remote.readahead_stats
+    assert stats["requests"] + stats["reused"] > 0  # the buckets' announcements reached the one set
