@@ -19,6 +19,14 @@ def test_import_hydrax_does_not_import_optional_package(package, module):
     assert result.returncode == 0, result.stderr
 
 
+def test_import_hydrax_leaves_the_data_sources_and_images_unimported():
+    # what a training script that only uses DataGroup pays for: not the shards' stores, not Pillow
+    code = ("import sys, hydrax; hydrax.bucket_groups; "
+            "print(sorted(m for m in ('hydrax.shards', 'hydrax.image', 'PIL', 'obstore') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=slack(60))
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("package, module", OPTIONAL, ids=[p for p, _ in OPTIONAL])
 def test_missing_optional_package_gives_install_hint(package, module):
     code = (

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..shards.subset import Subset
 from .group import DataGroup
 
 
@@ -42,6 +41,9 @@ def bucket_groups(plan: Any, data: Sequence, loader_arrays: Callable[[int, int],
     for name in ("batch_size", "data", "loader_arrays"):
         if name in options:
             raise TypeError(f"bucket_groups sets each group's {name} itself (from the plan); do not pass {name}=")
+    # imported here: ``import hydrax`` (which offers this function) must not import hydrax.shards
+    from ..shards.subset import Subset
+
     groups = []
     offset = int(seed)
     for bucket in plan.buckets:
