@@ -146,6 +146,13 @@ class ShardFormatError(LocatedError, ValueError):
     """A shard, index or manifest that is not valid, or breaks the WebDataset sample rules."""
 
 
+class SizesNotRecordedError(LocatedError, LookupError):
+    """Image sizes asked of shards whose indexes do not record them, where they cannot be read
+    here (:meth:`ShardSet.image_sizes <hydrax.shards.ShardSet.image_sizes>` of remote shards, or
+    with no field named and none recorded): ``url`` names the first such shard and ``field`` the
+    field; the message gives the ``hydrax shards index --sizes`` command that records them."""
+
+
 class StoreError(LocatedError, OSError):
     """A read or write on a shard store (local disk, S3, GCS, HTTP) that failed for good.
 

@@ -308,6 +308,30 @@ def test_index_writes_index_objects_and_a_manifest_into_the_bucket(bucket, tmp_p
     assert again.returncode == 0 and again.stdout == ""
 
 
+def test_index_records_image_sizes_locally_and_in_the_bucket_and_says_how_many(bucket, tmp_path):
+    from hydrax.shards import S3Options, ShardSet
+
+    endpoint, client, paths, samples, env = bucket
+    expected = [decode(s["jpg"]).shape[1::-1] if "jpg" in s else (0, 0) for s in samples]
+    summary = "image sizes of field 'jpg': 7 samples with a size, 13 recorded as 0x0 (13 without the field, 0 whose header could not be read)"
+    result = hydrax("shards", "index", "--sizes", "jpg", *paths)
+    assert result.returncode == 0, result.stderr
+    assert "indexed 3 of 3 shards (0 samples newly indexed; image sizes added to 3 current indexes)" in result.stdout
+    assert summary in result.stdout
+    widths, heights = ShardSet(paths, cache_dir=str(tmp_path / "local")).image_sizes()
+    assert list(zip(widths.tolist(), heights.tolist())) == expected
+    again = hydrax("shards", "index", "--sizes", "jpg", *paths)
+    assert "(0 samples newly indexed)" in again.stdout and summary in again.stdout  # current, with them: kept
+    png = hydrax("shards", "index", "--sizes", "PNG", *paths)  # another field's: given those instead
+    assert "image sizes added to 3" in png.stdout and "'png': 20 samples with a size, 0 recorded as 0x0" in png.stdout
+    assert hydrax("shards", "index", "--sizes", ".png", *paths).returncode == 2
+    remote = hydrax("shards", "index", "--sizes", "jpg", "--endpoint-url", endpoint, "s3://data/shards/train-*.tar", env=env)
+    assert remote.returncode == 0 and summary in remote.stdout, remote.stderr
+    options = S3Options(endpoint_url=endpoint, access_key_id="testing", secret_access_key="testing", region="us-east-1")
+    widths, heights = ShardSet("s3://data/shards/train-*.tar", s3=options, cache_dir=str(tmp_path / "c3")).image_sizes("jpg")
+    assert list(zip(widths.tolist(), heights.tolist())) == expected
+
+
 def test_commands_read_gcs_through_the_endpoint_option(gcs_store, dataset, tmp_path):
     endpoint, upload = gcs_store
     paths, samples = dataset

@@ -1,4 +1,4 @@
-"""Mutation fuzzing of index files (``.hidx``, both formats) and wids dataset descriptors.
+"""Mutation fuzzing of index files (``.hidx``, every format: v1, v2, v3 with image sizes) and wids dataset descriptors.
 
 Valid files are mutated: bits flipped, cut, bytes inserted, deleted, overwritten or zeroed, 8-byte
 numbers swapped or rewritten, header counts changed, and (to get past the checksums) arrays and
@@ -39,6 +39,7 @@ from hydrax.shards import ShardIndex, ShardSet, build_index, index_path, indexfi
 from hydrax.shards.manifest import manifest_json
 from hydrax.shards.shardtable import ShardEntry
 from hydrax.shards.indexfile import HEADER_SIZE, _to_v1_bytes, count_samples
+from hydrax.shards.sizecolumn import SizeColumn, first_bad
 from hydrax.shards.verify import verify_shard
 
 ARRAYS = ("key_bytes", "key_ends", "sample_ends", "entry_field", "entry_offset", "entry_size")
@@ -151,17 +152,48 @@ def mutate_index(index: ShardIndex, rng: random.Random) -> ShardIndex:
     else:  # time and etag: harmless to the arrays, which must then load
         mtime, etag = rng.choice((0, -1, mtime + 1)), rng.choice((None, "", "v2", "\x00"))
     changed = ShardIndex(size, mtime, fields, *(arrays[n] for n in ARRAYS), etag=etag)
+    if index.sizes is not None:
+        changed.sizes = mutate_sizes(index.sizes, rng) if rng.random() < 0.5 else index.sizes
     return changed
+
+
+def mutate_sizes(sizes: SizeColumn, rng: random.Random) -> SizeColumn:
+    """A copy of an image sizes column with one value rewritten, one dropped, or a field name changed."""
+    widths, heights = sizes.widths.copy(), sizes.heights.copy()
+    array = rng.choice((widths, heights))
+    op = rng.randrange(3)
+    if op == 0 and len(array):
+        array[rng.randrange(len(array))] = rng.choice((0, -1, -(2**31), 2**31 - 1, 1))
+    elif op == 1 and len(array):
+        if array is widths:
+            widths = np.delete(widths, rng.randrange(len(widths)))
+        else:
+            heights = np.delete(heights, rng.randrange(len(heights)))
+    else:
+        return SizeColumn(rng.choice(("", "png", "\udcff")), widths, heights)
+    return SizeColumn(sizes.field, widths, heights)
+
+
+def with_sizes(index: ShardIndex) -> ShardIndex:
+    """``index`` with a sizes column of assorted valid sizes (0 x 0 for every third sample)."""
+    sized = ShardIndex.from_bytes(index.to_bytes())
+    widths = np.array([0 if i % 3 == 0 else 17 * i + 1 for i in range(len(index))], np.int32)
+    sized.sizes = SizeColumn("jpg", widths, np.where(widths > 0, widths * 3 + 2, 0).astype(np.int32))
+    return sized
 
 
 def mutant(case: int, index: ShardIndex, v2: bytes, v1: bytes) -> tuple[str, bytes]:
     """Mutant number ``case``: what was done, and the file."""
     rng = random.Random(f"{SEED}/index/{case}")
-    kind = rng.randrange(4)
+    kind = rng.randrange(6)
     if kind == 0:
         return "v2 bytes", mutate_bytes(v2, rng)
     if kind == 1:
         return "v1 bytes", mutate_bytes(v1, rng)
+    if kind == 4:
+        return "v3 bytes", mutate_bytes(with_sizes(index).to_bytes(), rng)
+    if kind == 5:
+        return "v3 arrays", mutate_index(with_sizes(index), rng).to_bytes()
     changed = mutate_index(index, rng)
     if kind == 2:
         return "v2 arrays", changed.to_bytes()
@@ -198,6 +230,9 @@ def check_index_file(shard: str, data: bytes, truth: ShardIndex) -> None:
         assert exc.offset is None or 0 <= exc.offset <= len(data), exc.offset
     else:
         assert_tar_shaped(loaded, loaded.shard_size)
+        if loaded.sizes is not None:  # one width and height per sample, none negative, zeros in pairs
+            assert len(loaded.sizes.widths) == len(loaded.sizes.heights) == len(loaded)
+            assert first_bad(loaded.sizes.widths, loaded.sizes.heights) is None and isinstance(loaded.sizes.field, str)
         if data[:16] == indexfile.MAGIC:
             assert count_samples(path) == len(loaded)
     try:
@@ -218,9 +253,10 @@ def check_index_file(shard: str, data: bytes, truth: ShardIndex) -> None:
 
 def test_the_valid_files_load(shard):
     truth = build_index(shard)
-    for data in (truth.to_bytes(), _to_v1_bytes(truth)):
+    for data in (truth.to_bytes(), _to_v1_bytes(truth), with_sizes(truth).to_bytes()):
         check_index_file(shard, data, truth)
         assert open_index(shard, write=False).same_samples(truth)
+    assert open_index(shard, write=False).sizes.widths[1] == 18
 
 
 @pytest.mark.fuzz

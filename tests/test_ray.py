@@ -310,6 +310,12 @@ def test_indexes_on_ray_are_the_local_commands_and_a_bad_shard_is_named(tmp_path
     os.utime(shards[2], ns=(1, 1))
     again = index_files_on_ray(shards, chunk=3)
     assert [r.samples for r in again] == [0, 0, 20, 0, 0, 0, 0, 0] and "its index was stale" in again[2].rebuilt
+    from hydrax.shards import ShardIndex
+    from hydrax.shards.sizecolumn import SizeCounts
+
+    sized = index_files_on_ray(shards, chunk=3, sizes="bin")  # not images: every one 0 x 0, as the local command records
+    assert all(r.sizes_added and r.sizes == SizeCounts(0, 0, 20) for r in sized)
+    assert all(ShardIndex.load(shard + ".hidx").sizes.field == "bin" for shard in shards)
 
 
 def test_index_objects_on_ray_survive_a_store_that_did_not_answer(tmp_path, indexed_shards, s3_store):

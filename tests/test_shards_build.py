@@ -254,6 +254,25 @@ def test_s3_output_uploads_shards_with_index_objects_and_refuses_to_overwrite(fo
     assert missing.returncode == 1 and "'nobucket' does not exist" in missing.stderr
 
 
+def test_sizes_records_each_samples_image_size_in_the_indexes_and_says_how_many(folder, server, tmp_path):
+    from hydrax.shards.sizecolumn import SizeCounts
+
+    root, _ = folder
+    result = hydrax(root, tmp_path / "out" / "train-%03d.tar", "--maxcount", 4, "--sizes", "JPG")
+    assert result.returncode == 0, result.stderr
+    assert ("image sizes of field 'jpg': 3 samples with a size, 3 recorded as 0x0 (3 without the field, 0 whose header "
+            "could not be read)") in result.stdout
+    widths, heights = ShardSet(str(tmp_path / "out" / "train-*.tar"), cache_dir=str(tmp_path / "cache")).image_sizes()
+    assert list(zip(widths.tolist(), heights.tolist())) == [(12, 8) if field == "jpg" else (0, 0) for _, field, *_ in EXPECTED]
+    report = build_shards(samples_from_folder(root), str(tmp_path / "py" / "s-%d.tar"), sizes="png")
+    assert report.size_counts == SizeCounts(2, 4, 0) and ShardIndex.load(report.shards[0] + ".hidx").sizes.field == "png"
+    options, client = server
+    remote = hydrax(root, "s3://data/sized/t-%d.tar", "--sizes", "jpeg", "--endpoint-url", options.endpoint_url, env=s3_env())
+    assert remote.returncode == 0 and "'jpeg': 1 samples with a size, 5 recorded as 0x0" in remote.stdout, remote.stderr
+    index = ShardIndex.from_bytes(client.get_object(Bucket="data", Key="sized/t-0.tar.hidx")["Body"].read())
+    assert index.sizes.field == "jpeg" and index.sizes.widths.tolist() == [0, 0, 12, 0, 0, 0]
+
+
 @pytest.mark.slow
 def test_an_unreachable_endpoint_is_named(folder, tmp_path):
     import socket

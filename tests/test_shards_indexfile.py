@@ -252,7 +252,7 @@ def test_every_inconsistency_is_named(shard):
         (inconsistent(index, v1=True, entry_size=es[:-1]), "differ in length"),
         (inconsistent(index, v1=True, entry_field=np.r_[ef[:-1], 7]), "field numbers outside"),
         (b"hydrax-tar-index" + bytes(10), "shorter than the 64-byte header"),
-        (b"GARBAGE" * 20, "neither a hydrax-tar-index-v2 file nor a v1 .npz archive"),
+        (b"GARBAGE" * 20, "neither a hydrax-tar-index-v2 or v3 file nor a v1 .npz archive"),
     ]
     data = index.to_bytes()
     meta_length = struct.unpack_from("<I", data, 20)[0]
@@ -264,10 +264,10 @@ def test_every_inconsistency_is_named(shard):
     bad_fields["fields"] = ["jpg", "jpg", "cls"]
     text = json.dumps(bad_fields).encode().ljust(meta_length)
     cases.append((reseal(bytearray(data[:64] + text + data[64 + meta_length :])), "are not distinct names"))
-    for header_field, value in ((16, 3), (24, 49), (32, 109), (40, 10**6)):
+    for header_field, value in ((16, 4), (16, 3), (24, 49), (32, 109), (40, 10**6)):
         changed = bytearray(data)
         struct.pack_into("<I" if header_field == 16 else "<q", changed, header_field, value)
-        cases.append((reseal(changed), "version 3|bytes, but its header describes|do not end in order"))
+        cases.append((reseal(changed), "version 4|bytes, but its header describes|do not end in order"))
     for number, (data_, pattern) in enumerate(cases):
         with pytest.raises(ShardFormatError, match=rf"case{number}.hidx: not a readable hydrax index \((.*)({pattern})"):
             ShardIndex.from_bytes(data_, f"case{number}.hidx")

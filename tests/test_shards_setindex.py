@@ -264,6 +264,13 @@ def test_a_set_index_written_in_many_pieces_is_the_same(shards, monkeypatch):
     for shard, own in enumerate(indexes):
         assert index.shard_index(shard).same_samples(own)
         assert all(np.array_equal(a, b) for a, b in zip(index.spans(shard), own.sample_spans()))
+    sized = [ShardIndex.from_bytes(own.to_bytes()).measure_sizes(b"", "cls") for own in indexes]  # all 0 x 0
+    for n, own in enumerate(sized):
+        own.sizes.widths[:] = own.sizes.heights[:] = np.arange(len(own)) + n
+    pieces = set_index_bytes(sized, "e" * 64)
+    monkeypatch.setattr(setindex, "_CHUNK", 1 << 20)
+    assert set_index_bytes(sized, "e" * 64) == pieces
+    assert SetIndex(pieces).sizes.widths.tolist() == [i + n for n, own in enumerate(sized) for i in range(len(own))]
 
 
 # -- compact per-shard metadata: UrlList and ShardTable ---------------------------------------------
@@ -376,3 +383,64 @@ def test_a_manifest_shard_loaded_again_after_its_index_was_dropped_keeps_the_ver
     size = os.path.getsize(urls[0])
     assert seen == [(urls[0], None, None), (urls[1], None, None), (urls[0], size, '"v1"')]
     assert (dataset.shard_entry(1).size, dataset.shard_entry(1).version) == (os.path.getsize(urls[1]), '"v2"')
+
+
+# -- image sizes ---------------------------------------------------------------------------------
+
+
+def test_a_set_index_carries_the_image_sizes_when_every_shard_index_has_them_for_one_field(tmp_path):
+    pytest.importorskip("PIL")
+    from support.imageshards import expected_sizes, write_image_shards
+
+    paths, samples = write_image_shards(tmp_path, count=25, per_shard=10, sizes="img")
+    dataset = ShardSet(paths, cache_dir=str(tmp_path / "cache"))
+    found = dataset.set_index
+    data = open(found.path, "rb").read()
+    meta = json.loads(data[HEADER_SIZE:HEADER_SIZE + int.from_bytes(data[20:24], "little")])
+    assert int.from_bytes(data[16:20], "little") == 2 and meta["format"] == "hydrax-set-index-v2" and meta["sizes_field"] == "img"
+    widths, heights = expected_sizes(samples)
+    assert found.sizes.field == "img" and found.sizes.widths.tolist() == widths and found.sizes.heights.tolist() == heights
+    assert not found.sizes.widths.flags.writeable and (found.sizes.heights.ctypes.data - found.sizes.widths.ctypes.data) % 64 == 0
+    for shard, url in enumerate(paths):
+        own, view = open_index(url), dataset.index(shard)
+        assert view.sizes.field == "img" and np.array_equal(view.sizes.widths, own.sizes.widths)
+        assert np.array_equal(view.sizes.heights, own.sizes.heights)
+    again = SetIndex(set_index_bytes([open_index(url) for url in paths], found.digest))
+    assert np.array_equal(again.sizes.widths, found.sizes.widths)
+    damaged = bytearray(data)
+    damaged[-3] ^= 0x10  # in the heights
+    with pytest.raises(Exception, match="x.hsix: not a readable hydrax set index .*checksum mismatch"):
+        SetIndex(bytes(damaged), "x.hsix")
+    # one shard without sizes, or with another field's: no sizes in the set index, which is v1 as before
+    mixed = [open_index(url) for url in paths]
+    mixed[1].sizes = None
+    plain = set_index_bytes(mixed, "d" * 64)
+    assert int.from_bytes(plain[16:20], "little") == 1 and SetIndex(plain).sizes is None
+    mixed[1] = open_index(paths[1]).measure_sizes(open(paths[1], "rb").read(), "cls")
+    assert SetIndex(set_index_bytes(mixed, "d" * 64)).sizes is None
+    for index in mixed:
+        index.sizes = None
+    assert set_index_bytes(mixed, "d" * 64) == plain
+
+
+def test_a_set_index_older_than_its_first_shards_index_is_rebuilt_with_their_sizes(tmp_path, caplog):
+    pytest.importorskip("PIL")
+    from support.imageshards import write_image_shards
+
+    from hydrax.shards import index_file
+
+    paths, _ = write_image_shards(tmp_path, count=25, per_shard=10)
+    cache = str(tmp_path / "cache")
+    first = ShardSet(paths, cache_dir=cache)
+    assert first.set_index.sizes is None  # an old set index: version 1
+    for url in paths:
+        assert index_file(url, sizes="img").sizes_added
+    os.utime(first.set_index.path, ns=(1_000_000_000, 1_000_000_000))  # older than the indexes, whatever the clock's grain
+    with caplog.at_level(logging.INFO, logger="hydrax.shards.catalog"):
+        again = ShardSet(paths, cache_dir=cache)
+    assert f"the index of its first shard, {paths[0]!r}, was written after it" in caplog.text
+    assert again.set_index.sizes.field == "img" and again.set_index.path == first.set_index.path
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hydrax.shards.catalog"):
+        assert ShardSet(paths, cache_dir=cache).set_index.sizes.field == "img"
+    assert "rebuilding" not in caplog.text

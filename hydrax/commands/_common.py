@@ -46,6 +46,22 @@ def positive_float(text: str) -> float:
     return value
 
 
+def field_name(text: str) -> str:
+    """An argparse ``type`` for a sample's field (``--sizes jpg``): lower-cased, as shard indexes
+    name fields."""
+    if not text or text.startswith(".") or "/" in text:
+        raise argparse.ArgumentTypeError(f"not a field name: {text!r} (write it as a shard's members end, e.g. jpg)")
+    return text.lower()
+
+
+def sizes_summary(field: str, counts) -> str:
+    """The summary line of image sizes recorded for ``field`` (a
+    :class:`~hydrax.shards.sizecolumn.SizeCounts` summed over the shards)."""
+    zero = counts.lacking + counts.unreadable
+    return (f"image sizes of field {field!r}: {counts.sized} samples with a size, {zero} recorded as 0x0 "
+            f"({counts.lacking} without the field, {counts.unreadable} whose header could not be read)")
+
+
 #: How many samples at the start of the shards ``bench`` and ``serve`` look at before the run: for
 #: an image field, and (serve) for labels that are class numbers, so shards without them fail at once.
 PROBE_SAMPLES = 64

@@ -8,7 +8,7 @@ import re
 import signal
 import sys
 
-from ._common import RAY_HELP, add_s3_options, connect_ray, positive_int, progress, report, store_options
+from ._common import RAY_HELP, add_s3_options, connect_ray, field_name, positive_int, progress, report, sizes_summary, store_options
 
 DESCRIPTION = """\
 Write WebDataset-style tar shards, each with its .hidx index, from
@@ -79,6 +79,9 @@ def register(shard_commands) -> None:
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip unreadable files and non-images with a warning instead of failing")
     parser.add_argument("--force", action="store_true", help="overwrite existing shards of OUT_PATTERN")
+    parser.add_argument("--sizes", type=field_name, metavar="FIELD",
+                        help="also record every sample's image width and height for FIELD (e.g. jpg) in the indexes, as "
+                        "hydrax shards index --sizes does")
     parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                         help=f"read, check and write {RAY_HELP}: the same shards as without; files and a local output must be "
                         "on a shared file system")
@@ -188,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         total = len(samples)
         check = args.check_images if args.check_images is not None else kind == "folder"
         common = dict(maxcount=args.maxcount, maxsize=args.maxsize, shuffle_seed=(args.seed or 0) if args.shuffle else None,
-                      check_images=check, skip_bad=args.skip_bad, force=args.force, s3_options=store_options(args), warn=warn)
+                      check_images=check, skip_bad=args.skip_bad, force=args.force, s3_options=store_options(args), warn=warn,
+                      sizes=args.sizes)
         try:
             if args.ray is None:
                 result = build_shards(samples, args.out, workers=args.workers, progress=advance, **common)
@@ -207,4 +211,6 @@ def run(args: argparse.Namespace) -> int:
         skipped = f", {len(result.skipped)} skipped" if result.skipped else ""
         print(f"wrote {len(result.shards)} shards ({result.samples} samples{skipped}, {result.shard_bytes / 1e6:.1f} MB) "
               f"to {args.out} in {result.seconds:.2f} s: {result.rate:.0f} {unit}")
+        if args.sizes:
+            print(sizes_summary(args.sizes, result.size_counts))
     return 0

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..shards.build import BuildReport, shuffled
+from ..shards.sizecolumn import SizeCounts
 from ..shards.build.output import warn_stale
 from ..shards.build.parts import check_output, probe_samples, remove_shards, shard_bounds, write_folder_summary, write_shard_range
 from ..shards.build.sources import BuildError, SourceSample, warner
@@ -51,7 +52,7 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
                         shuffle_seed: int | None = None, check_images: bool = False, skip_bad: bool = False, force: bool = False,
                         s3_options: S3Options | StoreOptions | None = None, progress: Callable[[int], Any] | None = None,
                         probed: Callable[[int], Any] | None = None, warn: Callable[[str], Any] | None = None,
-                        chunk: int | None = None) -> BuildReport:
+                        chunk: int | None = None, sizes: str | None = None) -> BuildReport:
     """:func:`hydrax.shards.build.build_shards`, with the reading, checking and writing done by Ray
     tasks: the same shards, byte for byte, and the same indexes and folder summary.
 
@@ -75,10 +76,10 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
     probe = remote(probe_samples)
     verdicts = [v for part in gather([probe.remote(samples[a:b], check_images) for a, b in ranges], [b - a for a, b in ranges], probed)
                 for v in part]
-    kept, sizes, skipped = _plan(samples, verdicts, skip_bad, warn)
+    kept, payloads, skipped = _plan(samples, verdicts, skip_bad, warn)
     if not kept:
         raise BuildError(f"every sample was skipped; nothing written to {pattern}")
-    bounds = shard_bounds(sizes, maxcount, maxsize)
+    bounds = shard_bounds(payloads, maxcount, maxsize)
     # runs of whole shards of about ``size`` samples each
     parts: list[tuple[int, int]] = []  # (first shard, end shard)
     for number, (first, _end) in enumerate(bounds):
@@ -87,8 +88,8 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
         else:
             parts[-1] = (parts[-1][0], number + 1)
     write = remote(write_shard_range)
-    refs = [write.remote(kept[bounds[a][0]:bounds[b - 1][1]], pattern, a, b - a, maxcount=maxcount, maxsize=maxsize, s3_options=s3_options)
-            for a, b in parts]
+    refs = [write.remote(kept[bounds[a][0]:bounds[b - 1][1]], pattern, a, b - a, maxcount=maxcount, maxsize=maxsize, s3_options=s3_options,
+                         sizes=sizes) for a, b in parts]
     try:
         reports = gather(refs, [bounds[b - 1][1] - bounds[a][0] for a, b in parts], progress)
         write_folder_summary(pattern, [entry for report in reports for entry in report.entries], s3_options)
@@ -98,4 +99,4 @@ def build_shards_on_ray(samples: Sequence[SourceSample], pattern: str, *, maxcou
     published = [shard for report in reports for shard in report.shards]
     warn_stale(existing, published, warn)
     return BuildReport(published, len(kept), sum(r.payload_bytes for r in reports), sum(r.shard_bytes for r in reports),
-                       time.perf_counter() - started, skipped)
+                       time.perf_counter() - started, skipped, sum((r.size_counts for r in reports), SizeCounts()))

@@ -6,7 +6,7 @@
 - local shards: ``<shard>.hidx`` beside each (built and written when missing); when every shard
   is local, :func:`resolve_set` gathers them into one set index (:mod:`hydrax.shards.setindex`)
   kept in the cache folder, which later opens of the same, unchanged shards reuse without reading
-  any ``.hidx``;
+  any ``.hidx`` (one ``stat`` of the first says whether the indexes were rewritten since);
 - remote shards (``s3://``, ``gs://``): one LIST per folder gives every shard's size and ETag and
   shows which have an index object ``<shard>.hidx`` beside them (``hydrax shards index`` writes
   them); indexes come from the local cache while the shard's ETag is unchanged, else from the
@@ -46,7 +46,7 @@ import shlex
 from typing import Callable
 
 from ..errors import ShardFormatError
-from .indexfile import ShardIndex
+from .indexfile import ShardIndex, index_path
 from .indexsource import BuildSink, index_entry, keep_index, known_index, open_local
 from .listing import SETUP_REQUESTS, find_shards, list_entries
 from .manifest import read_checked_manifest, read_summary
@@ -125,9 +125,11 @@ def resolve_set(urls, options: StoreOptions, cache_dir: str, write_index: bool,
 
 def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -> SetIndex:
     """The set index of the local shards ``paths``: the one kept in ``cache_dir`` while every
-    shard has the size and modification time it recorded; else (none, a damaged one, or a shard
-    that changed, said in the log) built from the shards' own indexes (see
-    :func:`~hydrax.shards.open_index`) and, with ``write_index``, kept in ``cache_dir``."""
+    shard has the size and modification time it recorded, and the first shard's index file is
+    not newer than it; else (none, a damaged one, a shard that changed, or a first index
+    rewritten since, as ``hydrax shards index --sizes`` does, said in the log) built from the
+    shards' own indexes (see :func:`~hydrax.shards.open_index`) and, with ``write_index``, kept
+    in ``cache_dir``."""
     digest = urls_digest(paths)
     path = set_index_path(cache_dir, digest)
     try:
@@ -138,12 +140,25 @@ def open_set_index(paths: list[str], cache_dir: str, write_index: bool = True) -
         log.warning("rebuilding the set index of %d shards: %s", len(paths), exc)
         found = None
     if found is not None:
-        why = "it was made for other shards" if found.digest != digest else found.changed(paths)
+        why = "it was made for other shards" if found.digest != digest else found.changed(paths) or _index_newer(paths, path)
         if why is None:
             return found
         log.info("rebuilding the set index %s of %d shards: %s", path, len(paths), why)
     indexes = [open_local(ShardEntry(p), write_index, "does not exist (check the path or pattern)", " ") for p in paths]
     return build_set_index(indexes, digest, path if write_index else None)
+
+
+def _index_newer(paths: list[str], path: str) -> str | None:
+    """Why the set index ``path`` may lack what the shards' index files now hold: the first one
+    was written after it (one ``stat`` of each; rewriting every index, as ``hydrax shards index
+    --sizes`` does, rewrites the first). None when it was not, or is not there."""
+    try:
+        written = os.stat(index_path(paths[0])).st_mtime_ns if paths else 0
+        if written > os.stat(path).st_mtime_ns:
+            return f"the index of its first shard, {paths[0]!r}, was written after it"
+    except OSError:
+        pass  # no index beside the shard: the set index is all there is
+    return None
 
 
 async def _resolve_remote(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions,

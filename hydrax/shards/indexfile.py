@@ -19,6 +19,12 @@ decompression:
   ``entry_field`` (int32), ``entry_offset`` (int64), ``entry_size`` (int64): one per (sample,
   field), the field as an index into ``meta["fields"]``. The file ends with the last array.
 
+Format ``hydrax-tar-index-v3`` is v2 with image sizes (see :mod:`hydrax.shards.sizecolumn`): the
+version is 3, ``meta`` is of format ``"hydrax-tar-index-v3"`` and has ``"sizes_field"`` (the field
+they were read from), and two more arrays follow, each at the next multiple of 64 bytes:
+``width`` and ``height`` (int32, one per sample; 0 and 0 where the sample has no such field or
+its header could not be read). An index without sizes is written as v2, byte for byte as before.
+
 The sample count is in the header, so :func:`count_samples` reads 64 bytes. Loading checks the
 checksum and every size, end and offset (see :meth:`ShardIndex.from_bytes`), so a damaged file is
 a :class:`~hydrax.shards.ShardFormatError` naming it, never a wrong read.
@@ -43,12 +49,18 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .. import _core
+from ..errors import ObjectChangedError
+from . import sizecolumn
+from .indexcheck import INDEX_PROBLEMS, check_order, fault
+from .sizecolumn import SizeColumn, SizeCounts
 from .store import write_atomic
 from .tarindex import Sample, ShardFormatError, group_samples, scan_error, scan_members
 
 log = logging.getLogger(__name__)
 
 FORMAT = "hydrax-tar-index-v2"
+#: The format of an index with image sizes (v2 plus a width and a height per sample).
+FORMAT_V3 = "hydrax-tar-index-v3"
 FORMAT_V1 = "hydrax-tar-index-v1"
 SUFFIX = ".hidx"
 MAGIC = b"hydrax-tar-index"
@@ -61,68 +73,9 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # name, dtype, which count sizes it: the arrays of a v2 file, in file order
 _ARRAYS = (("key_bytes", "<u1", "keys"), ("key_ends", "<i8", "samples"), ("sample_ends", "<i8", "samples"),
            ("entry_field", "<i4", "entries"), ("entry_offset", "<i8", "entries"), ("entry_size", "<i8", "entries"))
-_OUT_OF_ORDER = 6  # found by _check_order, after check_index
-_TAR_BLOCK = 512
-_SMALL = 40  # entries up to which _check_order runs in Python
-_INDEX_PROBLEMS = {  # what _core.check_index finds
-    1: "its keys do not end in order inside the key bytes",
-    2: "its samples do not end in order, each after at least one field",
-    3: "field numbers outside the {fields} fields it names",
-    4: "a field lies outside the shard of {shard_size} bytes",
-    5: "its arrays of samples, or of fields, differ in length",
-    _OUT_OF_ORDER: "fields overlap, or are not in the order of the shard, each after its 512-byte tar header",
-}
+_SIZES = (("width", sizecolumn.DTYPE, "samples"), ("height", sizecolumn.DTYPE, "samples"))  # after _ARRAYS, in v3
 _ITEMSIZE = {"<u1": 1, "<i4": 4, "<i8": 8}
 _KERNEL_SCAN_ERRORS = (1, 2, 3, 4, 8)  # index_tar statuses that are header errors; 6 and 7 go to the Python rules
-
-
-def _check_order(entry_offset: np.ndarray, entry_size: np.ndarray) -> int:
-    """:data:`_OUT_OF_ORDER` unless every field's bytes start on a tar block after a header (so at
-    512 or later) and after the blocks of the field before: how any tar lays out its members."""
-    if not len(entry_offset):
-        return 0
-    if len(entry_offset) <= _SMALL:
-        # the same rule in plain Python, which beats numpy's cost per call on small shards
-        end = 0  # where the blocks of the field before end (no field: its header needs the first block)
-        for offset, size in zip(entry_offset.tolist(), entry_size.tolist()):
-            if offset % _TAR_BLOCK or offset < end + _TAR_BLOCK:
-                return _OUT_OF_ORDER
-            end = -(-(offset + size) // _TAR_BLOCK) * _TAR_BLOCK
-        return 0
-    # check_index bounded every field by the shard's size (< 2**62), so these sums cannot overflow
-    blocks_end = -(-(entry_offset + entry_size) // _TAR_BLOCK) * _TAR_BLOCK
-    if entry_offset[0] < _TAR_BLOCK or (entry_offset % _TAR_BLOCK).any() or (entry_offset[1:] < blocks_end[:-1] + _TAR_BLOCK).any():
-        return _OUT_OF_ORDER
-    return 0
-
-
-def _first(bad: np.ndarray) -> int | None:
-    found = np.flatnonzero(bad)
-    return int(found[0]) if len(found) else None
-
-
-def _fault(problem: int, arrays: list[np.ndarray], fields: int, shard_size: int) -> tuple[int, int] | None:
-    """(array number in file order, item) at which the arrays show ``problem``, or None when no one
-    item is at fault; only called once a problem is found, so it may take its time."""
-    _keys, key_ends, sample_ends, entry_field, entry_offset, entry_size = (a.astype(np.int64) for a in arrays)
-    if problem in (1, 2):  # an end that falls back (or, for samples, stands still), else the last, which is not the total
-        ends = key_ends if problem == 1 else sample_ends
-        steps = np.diff(ends, prepend=0)
-        fell = _first(steps < 0 if problem == 1 else steps <= 0)
-        found = (problem, fell if fell is not None else len(ends) - 1) if len(ends) else None
-    elif problem == 3:
-        found = (3, _first((entry_field < 0) | (entry_field >= fields)))
-    elif problem == 4:
-        negative = _first(entry_offset < 0)
-        # with no negative offset, shard_size - entry_offset cannot overflow
-        found = (4, negative) if negative is not None else (5, _first((entry_size < 0) | (entry_size > shard_size - entry_offset)))
-    elif problem == _OUT_OF_ORDER and len(entry_offset):
-        blocks_end = -(-(entry_offset + entry_size) // _TAR_BLOCK) * _TAR_BLOCK
-        early = np.r_[entry_offset[0] < _TAR_BLOCK, entry_offset[1:] < blocks_end[:-1] + _TAR_BLOCK]
-        found = (4, _first(early | (entry_offset % _TAR_BLOCK != 0)))
-    else:
-        found = None
-    return found if found is not None and found[1] is not None else None
 
 
 def index_path(shard: str) -> str:
@@ -152,14 +105,16 @@ class ShardIndex:
     """The samples of one shard: keys and field locations, in shard order.
 
     ``etag`` ties the index of a remote shard to the object version it was built from (None for
-    local shards, which are tied to ``shard_size`` and ``shard_mtime_ns``).
+    local shards, which are tied to ``shard_size`` and ``shard_mtime_ns``). ``sizes`` holds the
+    image sizes of one field of every sample, when recorded (:meth:`measure_sizes`), else None.
     """
 
     _old_format = False  # loaded from a v1 file: open_index rewrites it
 
     def __init__(self, shard_size: int, shard_mtime_ns: int, fields: Sequence[str], key_bytes: np.ndarray,
                  key_ends: np.ndarray, sample_ends: np.ndarray, entry_field: np.ndarray,
-                 entry_offset: np.ndarray, entry_size: np.ndarray, etag: str | None = None) -> None:
+                 entry_offset: np.ndarray, entry_size: np.ndarray, etag: str | None = None,
+                 sizes: SizeColumn | None = None) -> None:
         self.shard_size = int(shard_size)
         self.shard_mtime_ns = int(shard_mtime_ns)
         self.field_names = tuple(fields)
@@ -170,6 +125,7 @@ class ShardIndex:
         self._entry_field = entry_field
         self._entry_offset = entry_offset
         self._entry_size = entry_size
+        self.sizes = sizes
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sample], shard_size: int, shard_mtime_ns: int,
@@ -210,6 +166,21 @@ class ShardIndex:
         ``entry_field``, ``entry_offset``, ``entry_size`` (see the module docstring)."""
         return self._key_bytes, self._key_ends, self._sample_ends, self._entry_field, self._entry_offset, self._entry_size
 
+    def measure_sizes(self, data, field: str) -> ShardIndex:
+        """Record the image sizes of every sample's ``field``, read from ``data``, the bytes of the
+        shard (see :mod:`hydrax.shards.sizecolumn`); returns the index."""
+        number = sizecolumn.field_number(self.field_names, field)
+        self.sizes = SizeColumn(field, *sizecolumn.measure(data, self._sample_ends, self._entry_field, self._entry_offset,
+                                                           self._entry_size, number))
+        return self
+
+    def size_counts(self) -> SizeCounts:
+        """Samples with a size, without the field, and with an unreadable header (all zero without sizes)."""
+        if self.sizes is None:
+            return SizeCounts()
+        number = sizecolumn.field_number(self.field_names, self.sizes.field)
+        return sizecolumn.counts(self._sample_ends, self._entry_field, number, self.sizes.widths)
+
     def sample_spans(self) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, ends)``: per sample, where its first field's payload starts and where its
         last one ends, so one read of ``[starts[i], ends[i])`` brings all of sample ``i``'s fields."""
@@ -228,20 +199,25 @@ class ShardIndex:
 
     # -- the file format ------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        """The index in the ``hydrax-tar-index-v2`` format (see the module docstring); the same
-        index always gives the same bytes."""
-        meta = json.dumps({"format": FORMAT, "shard_size": self.shard_size, "shard_mtime_ns": self.shard_mtime_ns,
-                           "etag": self.etag, "fields": list(self.field_names)}).encode()
-        arrays = (self._key_bytes, self._key_ends, self._sample_ends, self._entry_field, self._entry_offset, self._entry_size)
+        """The index in the ``hydrax-tar-index-v2`` format, or v3 with image sizes (see the module
+        docstring); the same index always gives the same bytes."""
+        version = 2 if self.sizes is None else 3
+        meta = {"format": FORMAT if version == 2 else FORMAT_V3, "shard_size": self.shard_size,
+                "shard_mtime_ns": self.shard_mtime_ns, "etag": self.etag, "fields": list(self.field_names)}
+        arrays = [*self.arrays()]
+        if self.sizes is not None:
+            meta["sizes_field"] = self.sizes.field
+            arrays += [self.sizes.widths, self.sizes.heights]
+        meta = json.dumps(meta).encode()
         parts, at = [meta], HEADER_SIZE + len(meta)
-        for (_name, dtype, _count), array in zip(_ARRAYS, arrays):
+        for (_name, dtype, _count), array in zip(_ARRAYS + _SIZES, arrays):
             raw = np.ascontiguousarray(array, dtype).tobytes()
             parts += [bytes(_aligned(at) - at), raw]
             at = _aligned(at) + len(raw)
         body = b"".join(parts)
         counts = (len(meta), len(self), len(self._entry_field), len(self._key_bytes))
-        unsealed = _HEADER.pack(MAGIC, 2, *counts, 0)
-        return _HEADER.pack(MAGIC, 2, *counts, zlib.crc32(body, zlib.crc32(unsealed[:_CRC_AT]))) + body
+        unsealed = _HEADER.pack(MAGIC, version, *counts, 0)
+        return _HEADER.pack(MAGIC, version, *counts, zlib.crc32(body, zlib.crc32(unsealed[:_CRC_AT]))) + body
 
     @classmethod
     def from_bytes(cls, data, where: str = "<index>") -> ShardIndex:
@@ -249,30 +225,32 @@ class ShardIndex:
 
         The checksum, every array's size and place, that keys and samples end in order, that each
         sample has a field, that field numbers are in range and that every field lies inside the
-        shard are all verified; anything wrong raises :class:`~hydrax.shards.ShardFormatError`
-        naming ``where``. The arrays of a v2 index are views of ``data``, not copies.
+        shard are all verified, and so are image sizes (none negative, a width of 0 exactly where
+        the height is); anything wrong raises :class:`~hydrax.shards.ShardFormatError` naming
+        ``where``. The arrays of a v2 or v3 index are views of ``data``, not copies.
         """
         head = bytes(data[: len(MAGIC)])
         if head == MAGIC:
             return cls._from_v2(data, where)
         if head.startswith(_ZIP_MAGIC):
             return cls._from_v1(data, where)
-        raise _bad(where, "neither a hydrax-tar-index-v2 file nor a v1 .npz archive")
+        raise _bad(where, "neither a hydrax-tar-index-v2 or v3 file nor a v1 .npz archive")
 
     @classmethod
     def _from_v2(cls, data, where: str) -> ShardIndex:
         if len(data) < HEADER_SIZE:
             raise _bad(where, f"{len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
         _magic, version, meta_length, samples, entries, keys, crc = _HEADER.unpack_from(data)
-        if version != 2:
-            raise _bad(where, f"format version {version}; this hydrax reads versions 1 and 2", 16)
+        if version not in (2, 3):
+            raise _bad(where, f"format version {version}; this hydrax reads versions 1, 2 and 3", 16)
         if _crc(data) != crc:
             raise _bad(where, "checksum mismatch: the file is damaged or truncated")
         if min(samples, entries, keys) < 0:
             raise _bad(where, f"negative counts in the header ({samples} samples, {entries} entries, {keys} key bytes)", 24)
         counts = {"samples": samples, "entries": entries, "keys": keys}
         at, places = HEADER_SIZE + meta_length, []
-        for _name, dtype, count in _ARRAYS:
+        layout = _ARRAYS if version == 2 else _ARRAYS + _SIZES
+        for _name, dtype, count in layout:
             at = _aligned(at)
             places.append(at)
             at += counts[count] * _ITEMSIZE[dtype]
@@ -284,10 +262,14 @@ class ShardIndex:
             raise _bad(where, f"its meta data is not UTF-8 text: {exc.reason}", HEADER_SIZE + exc.start) from None
         except json.JSONDecodeError as exc:
             raise _bad(where, f"its meta data is not JSON: {exc.msg}", HEADER_SIZE + exc.pos) from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise _bad(where, f"meta data {str(meta)[:80]!r} is not of format {FORMAT!r}", HEADER_SIZE)
-        arrays = [np.frombuffer(data, dtype, counts[count], place) for (_n, dtype, count), place in zip(_ARRAYS, places)]
-        return cls._checked(meta, arrays, where, places)
+        expected = FORMAT if version == 2 else FORMAT_V3
+        if not isinstance(meta, dict) or meta.get("format") != expected:
+            raise _bad(where, f"meta data {str(meta)[:80]!r} is not of format {expected!r}", HEADER_SIZE)
+        arrays = [np.frombuffer(data, dtype, counts[count], place) for (_n, dtype, count), place in zip(layout, places)]
+        index = cls._checked(meta, arrays[:6], where, places)
+        if version == 3:
+            index.sizes = _checked_sizes(meta.get("sizes_field"), *arrays[6:], where, places[6:])
+        return index
 
     @classmethod
     def _from_v1(cls, data, where: str) -> ShardIndex:
@@ -332,11 +314,11 @@ class ShardIndex:
         problem = _core.check_index(key_ends, sample_ends, entry_field, entry_offset, entry_size, len(key_bytes),
                                     len(fields), shard_size)
         if not problem:
-            problem = _check_order(entry_offset, entry_size)
+            problem = check_order(entry_offset, entry_size)
         if problem:
-            at = _fault(problem, arrays, len(fields), shard_size)
+            at = fault(problem, arrays, len(fields), shard_size)
             offset = None if places is None or at is None else places[at[0]] + at[1] * _ITEMSIZE[_ARRAYS[at[0]][1]]
-            raise _bad(where, _INDEX_PROBLEMS.get(problem, f"problem {problem}").format(fields=len(fields), shard_size=shard_size),
+            raise _bad(where, INDEX_PROBLEMS.get(problem, f"problem {problem}").format(fields=len(fields), shard_size=shard_size),
                        offset)
         return cls(shard_size, mtime, fields, key_bytes, key_ends, sample_ends, entry_field, entry_offset, entry_size, etag=etag)
 
@@ -361,10 +343,24 @@ class ShardIndex:
         return cls.from_bytes(data, os.fspath(path))
 
 
+def _checked_sizes(field, widths: np.ndarray, heights: np.ndarray, where: str, places: list[int]) -> SizeColumn:
+    """The size column of a v3 file after checking it (``places``: where its two arrays start)."""
+    if not isinstance(field, str):
+        raise _bad(where, f"its image sizes are of field {field!r}, not a field name", HEADER_SIZE)
+    if sys.byteorder != "little":
+        widths, heights = widths.astype(np.int32), heights.astype(np.int32)
+    bad = sizecolumn.first_bad(widths, heights)
+    if bad is not None:
+        width, height = int(widths[bad]), int(heights[bad])
+        raise _bad(where, f"sample {bad} has an image size of {width} x {height}, which cannot be",
+                   places[0 if width < 0 or (height >= 0 and width == 0) else 1] + 4 * bad)
+    return SizeColumn(field, widths, heights)
+
+
 def count_samples(source) -> int:
     """The sample count of an index, from its file's path or its first bytes.
 
-    A v2 index needs only its first :data:`HEADER_SIZE` bytes (so a remote one needs one small
+    A v2 or v3 index needs only its first :data:`HEADER_SIZE` bytes (so a remote one needs one small
     ranged read), whose header is checked but not the rest; a v1 index is read whole.
     """
     if isinstance(source, (str, os.PathLike)):
@@ -383,9 +379,9 @@ def count_samples(source) -> int:
         if head.startswith(_ZIP_MAGIC):
             return len(ShardIndex.from_bytes(source, where))
     if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
-        raise _bad(where, "no hydrax-tar-index-v2 header")
+        raise _bad(where, "no hydrax-tar-index-v2 or v3 header")
     _magic, version, _meta, samples, entries, _keys, _crc32 = _HEADER.unpack(head)
-    if version != 2 or not 0 <= samples <= entries:
+    if version not in (2, 3) or not 0 <= samples <= entries:
         raise _bad(where, f"a header of version {version} with {samples} samples of {entries} fields")
     return samples
 
@@ -404,11 +400,12 @@ def _to_v1_bytes(index: ShardIndex) -> bytes:
 # -- building -----------------------------------------------------------------------------------
 
 def index_from_bytes(data, url: str = "<buffer>", size: int | None = None, mtime_ns: int = 0,
-                     etag: str | None = None) -> ShardIndex:
+                     etag: str | None = None, sizes: str | None = None) -> ShardIndex:
     """Index the tar shard whose bytes are ``data`` (bytes, mmap, memoryview).
 
     ``size`` (default ``len(data)``), ``mtime_ns`` and ``etag`` are recorded to tie the index to
-    that version of the shard. The ``index_tar`` kernel scans and groups in one pass; a shard it
+    that version of the shard; with ``sizes``, a field name, the index records the image size of
+    that field of every sample (:meth:`ShardIndex.measure_sizes`). The ``index_tar`` kernel scans and groups in one pass; a shard it
     leaves to Python (a field name with a non-ASCII byte, or a field twice in one sample) goes
     through :func:`~hydrax.shards.scan_members` and :func:`~hydrax.shards.group_samples`, which
     give the same index or raise the error, in the same words.
@@ -422,29 +419,54 @@ def index_from_bytes(data, url: str = "<buffer>", size: int | None = None, mtime
     size = length if size is None else size
     status, offset, fields, *arrays = result
     if status == 0:
-        return ShardIndex(size, mtime_ns, [f.decode("ascii") for f in fields], *arrays, etag=etag)
-    if status in _KERNEL_SCAN_ERRORS:
+        index = ShardIndex(size, mtime_ns, [f.decode("ascii") for f in fields], *arrays, etag=etag)
+    elif status in _KERNEL_SCAN_ERRORS:
         raise scan_error(url, status, offset)
-    return ShardIndex.from_samples(group_samples(scan_members(data, url), url), size, mtime_ns, etag)
+    else:
+        index = ShardIndex.from_samples(group_samples(scan_members(data, url), url), size, mtime_ns, etag)
+    return index if sizes is None else index.measure_sizes(data, sizes)
 
 
-def build_index(shard: str) -> ShardIndex:
-    """Index the local shard ``shard`` by scanning its headers."""
-    shard = os.fspath(shard)
+def _mapped(shard: str):
+    """The local shard ``shard`` mapped read-only, with its ``os.stat_result``."""
     if not S_ISREG(os.stat(shard).st_mode):  # a folder, a device, a pipe: opening one can wait forever
         raise ShardFormatError("not a file (a shard is a tar file); check the path", url=shard)
     with open(shard, "rb") as f:
         stat = os.fstat(f.fileno())
         if stat.st_size == 0:
             raise ShardFormatError("the shard is empty (re-download or rewrite it)", url=shard, offset=0)
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), stat
+
+
+def _unmap(mapped: mmap.mmap) -> None:
     try:
-        return index_from_bytes(mapped, shard, stat.st_size, stat.st_mtime_ns)
+        mapped.close()
+    except BufferError:
+        pass  # a view is still alive (in a traceback): unmapped when it goes
+
+
+def build_index(shard: str, sizes: str | None = None) -> ShardIndex:
+    """Index the local shard ``shard`` by scanning its headers (and, with ``sizes``, a field
+    name, those of that field's images: see :func:`index_from_bytes`)."""
+    shard = os.fspath(shard)
+    mapped, stat = _mapped(shard)
+    try:
+        return index_from_bytes(mapped, shard, stat.st_size, stat.st_mtime_ns, sizes=sizes)
     finally:
-        try:
-            mapped.close()
-        except BufferError:
-            pass  # a view is still alive (in a traceback): unmapped when it goes
+        _unmap(mapped)
+
+
+def measure_local_sizes(index: ShardIndex, shard: str, field: str) -> ShardIndex:
+    """:meth:`ShardIndex.measure_sizes` of ``index``, from the local shard ``shard`` (mapped); a
+    shard whose size is not the one indexed is an :class:`~hydrax.errors.ObjectChangedError`."""
+    mapped, stat = _mapped(os.fspath(shard))
+    try:
+        if stat.st_size != index.shard_size:
+            raise ObjectChangedError(f"the shard has {stat.st_size} bytes, its index was built for {index.shard_size}; "
+                                     "index it again (hydrax shards index)", url=os.fspath(shard))
+        return index.measure_sizes(mapped, field)
+    finally:
+        _unmap(mapped)
 
 
 class IndexResult(NamedTuple):
@@ -456,40 +478,49 @@ class IndexResult(NamedTuple):
     problem: str | None
     #: why an existing index was rebuilt (stale or damaged), or None
     rebuilt: str | None
+    #: with ``sizes``: how the shard's image sizes came out (:class:`~hydrax.shards.sizecolumn.SizeCounts`)
+    sizes: SizeCounts = SizeCounts()
+    #: whether image sizes were added to an index that was otherwise current
+    sizes_added: bool = False
 
 
-def index_file(shard: str, force: bool = False) -> IndexResult:
+def index_file(shard: str, force: bool = False, sizes: str | None = None) -> IndexResult:
     """Write the index of the local ``shard`` beside it unless it has a current one (or ``force``).
 
     What ``hydrax shards index`` runs for each shard, in worker processes or Ray tasks: a shard
     that cannot be indexed is reported in the result, not raised, so one bad shard does not stop
     the others. An index is current when it reads and was built for the shard's present size and
-    modification time, as loaders demand (they rescan, or refuse, any other).
+    modification time, as loaders demand (they rescan, or refuse, any other). With ``sizes``, a
+    field name, the index must also hold that field's image sizes: a current index without them
+    (or with another field's) gets them, read from the shard's image headers.
     """
     path = index_path(shard)
     try:
-        needed, why = (True, None) if force else _needs_index(shard, path)
-        if needed:
-            index = build_index(shard)
+        index, why = (None, None) if force else _current_index(shard, path)
+        if index is None:
+            index = build_index(shard, sizes)
             index.save(path)
-            return IndexResult(len(index), None, why)
-        return IndexResult(0, None, None)
+            return IndexResult(len(index), None, why, index.size_counts())
+        if sizes is None or (index.sizes is not None and index.sizes.field == sizes):
+            return IndexResult(0, None, None, index.size_counts() if sizes else SizeCounts())
+        measure_local_sizes(index, shard, sizes).save(path)
+        return IndexResult(0, None, None, index.size_counts(), True)
     except (OSError, ShardFormatError) as exc:
         return IndexResult(0, str(exc), None)
 
 
-def _needs_index(shard: str, path: str) -> tuple[bool, str | None]:
-    """Whether ``shard`` needs its index ``path`` built, and why an existing one will not do."""
+def _current_index(shard: str, path: str) -> tuple[ShardIndex | None, str | None]:
+    """The current index ``path`` of ``shard``, or None and why an existing one will not do."""
     try:
         index = ShardIndex.load(path)
     except FileNotFoundError:
-        return True, None
+        return None, None
     except ShardFormatError as exc:
-        return True, f"its index was damaged ({str(exc).removeprefix(f'{path}: ')})"
+        return None, f"its index was damaged ({str(exc).removeprefix(f'{path}: ')})"
     stat = os.stat(shard)
     if (index.shard_size, index.shard_mtime_ns) == (stat.st_size, stat.st_mtime_ns):
-        return False, None
-    return True, (f"its index was stale (built for a shard of {index.shard_size} bytes modified at {index.shard_mtime_ns} ns; "
+        return index, None
+    return None, (f"its index was stale (built for a shard of {index.shard_size} bytes modified at {index.shard_mtime_ns} ns; "
                   f"the shard has {stat.st_size} bytes, modified at {stat.st_mtime_ns} ns)")
 
 
@@ -522,7 +553,7 @@ def open_index(shard: str, *, write: bool = True) -> ShardIndex:
         return index
     if index.shard_size == stat.st_size:
         # A copy or a git checkout changes the modification time alone: let the headers decide.
-        fresh = build_index(shard)
+        fresh = build_index(shard, index.sizes.field if index.sizes is not None else None)  # keeping its sizes
         if fresh.same_samples(index):
             if write:
                 try:

@@ -142,9 +142,10 @@ async def index_from_object(entry: ShardEntry, beside: ObjectInfo, store) -> Sha
     return index
 
 
-async def build_index_async(entry: ShardEntry, store, sink: BuildSink | None = None) -> ShardIndex:
+async def build_index_async(entry: ShardEntry, store, sink: BuildSink | None = None, sizes: str | None = None) -> ShardIndex:
     """The index of the remote shard ``entry``, read whole from ``store`` (at most
-    :data:`BUILD_REQUESTS` at once per event loop); ``sink`` is given its bytes with it."""
+    :data:`BUILD_REQUESTS` at once per event loop); ``sink`` is given its bytes with it. With
+    ``sizes``, a field name, the index records that field's image sizes, read from those bytes."""
     global _build_slots
     loop = asyncio.get_running_loop()
     if _build_slots is None or _build_slots[0] is not loop:
@@ -153,7 +154,7 @@ async def build_index_async(entry: ShardEntry, store, sink: BuildSink | None = N
         data = await store.read_async(entry.url, version=entry.version)
     if len(data) != entry.size:
         raise ObjectChangedError(f"listed with {entry.size} bytes, read {len(data)}", url=entry.url, subject=f"shard {entry.url!r}: ")
-    index = index_from_bytes(data, entry.url, entry.size, 0, entry.version)
+    index = index_from_bytes(data, entry.url, entry.size, 0, entry.version, sizes)
     if sink is not None:
         sink(entry, data, index)  # while the bytes are in memory: the caller keeps what it may use
     return index

@@ -20,19 +20,22 @@ from .store import ObjectInfo, gather_limited, is_remote, run_async
 
 
 def publish_indexes(urls, options: StoreOptions | None = None, *, force: bool = False,
-                    on_done=None, summary: bool = True) -> list[ShardEntry]:
+                    on_done=None, summary: bool = True, sizes: str | None = None) -> list[ShardEntry]:
     """Write an index object ``<shard>.hidx`` beside every remote shard of ``urls`` that lacks a
     current one (all of them with ``force``), building the indexes concurrently; returns the
     shards with their indexes. ``on_done(entry)`` is called as each shard is done (a progress bar).
     ``summary=False`` leaves the folder summaries alone, for a caller that indexes a folder in
-    parts and writes them once with :func:`write_summaries`."""
+    parts and writes them once with :func:`write_summaries`. With ``sizes``, a field name, every
+    index records that field's image sizes (:mod:`~hydrax.shards.sizecolumn`): an index object
+    without them, or with another field's, is built again from the shard's bytes, and each
+    entry's ``size_counts`` says how they came out."""
     options = options or StoreOptions()
     shards, listed = find_shards(urls, options)
     entries = [ShardEntry(info.url) for info in shards]
     local = [e.url for e in entries if not is_remote(e.url)]
     if local:
         raise ValueError(f"index objects are for remote shards; {local[0]!r} is local (use hydrax shards index for it)")
-    run_async(_publish(entries, listed, options, force, on_done))
+    run_async(_publish(entries, listed, options, force, on_done, sizes))
     if summary:
         run_async(_summarise(entries, listed, options))
     return entries
@@ -57,17 +60,22 @@ async def _summarise(entries: list[ShardEntry], listed: dict[str, ObjectInfo], o
             await update_summary(folder, done, listed, options)
 
 
-async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions, force: bool, on_done) -> None:
+async def _publish(entries: list[ShardEntry], listed: dict[str, ObjectInfo], options: StoreOptions, force: bool, on_done,
+                   sizes: str | None = None) -> None:
     await list_entries(entries, listed, options)
 
     async def one(entry: ShardEntry) -> None:
         store = store_for(entry.url, options)
         beside = listed.get(entry.url + INDEX_SUFFIX)
         index = await index_from_object(entry, beside, store) if beside is not None and not force else None
+        if index is not None and sizes is not None and (index.sizes is None or index.sizes.field != sizes):
+            index = None  # the sizes need the shard's bytes: it is read whole, and indexed with them
         if index is None:
-            index = await build_index_async(entry, store)
+            index = await build_index_async(entry, store, sizes=sizes)
             await asyncio.to_thread(store.write, entry.url + INDEX_SUFFIX, index.to_bytes())
         entry.index, entry.samples = index, len(index)
+        if sizes is not None:
+            entry.size_counts = index.size_counts()
         if on_done is not None:
             on_done(entry)
 

@@ -27,6 +27,13 @@ File format ``hydrax-set-index-v1``, little-endian throughout:
   E: an index into ``meta["fields"]``), ``entry_offset`` and ``entry_size`` (int64, E: the
   payload's place in the shard).
 
+Format ``hydrax-set-index-v2`` is v1 with image sizes, written when every shard's index holds
+them for the same field (see :mod:`hydrax.shards.sizecolumn`): the version is 2, ``meta`` is of
+format ``"hydrax-set-index-v2"`` and has ``"sizes_field"``, and two more arrays follow, each at
+the next multiple of 64 bytes: ``width`` and ``height`` (int32, N), the shards' columns end to
+end. A set index without sizes is written as v1, as before; both are read, and the file's name
+(the digest) is the same for either.
+
 A sample's span (the bytes one read of all its fields covers) is not stored: its first entry's
 offset and its last entry's end give it (:meth:`SetIndex.spans`), and only remote shards, which a
 set index does not cover, read by spans; storing them would add 16 bytes per sample to a file
@@ -52,11 +59,15 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ObjectChangedError, ShardFormatError
+from . import sizecolumn
 from .indexfile import ShardIndex
+from .sizecolumn import SizeColumn
 
 log = logging.getLogger(__name__)
 
 FORMAT = "hydrax-set-index-v1"
+#: The format of a set index with image sizes (v1 plus a width and a height per sample).
+FORMAT_V2 = "hydrax-set-index-v2"
 MAGIC = b"hydrax-set-index"
 #: Set index files are named ``<digest>`` plus this suffix.
 SUFFIX = ".hsix"
@@ -69,6 +80,7 @@ _ARRAYS = (("shard_size", "<i8", "shards"), ("shard_mtime_ns", "<i8", "shards"),
            ("key_start", "<i8", "shards+1"), ("entry_start", "<i8", "shards+1"), ("key_end", "<i8", "samples"), ("entry_end", "<i8", "samples"),
            ("key_bytes", "<u1", "keys"), ("entry_field", "<i4", "entries"), ("entry_offset", "<i8", "entries"),
            ("entry_size", "<i8", "entries"))
+_SIZES = (("width", sizecolumn.DTYPE, "samples"), ("height", sizecolumn.DTYPE, "samples"))  # after _ARRAYS, in v2
 
 
 def urls_digest(urls: Sequence[str]) -> str:
@@ -97,10 +109,10 @@ def _bad(where: str, problem: str) -> ShardFormatError:
                             url=where, subject=f"{where}: ")
 
 
-def _places(meta_length: int, counts: dict[str, int]) -> tuple[list[int], int]:
-    """Where each array starts in a file of ``counts``, and where the file ends."""
+def _places(meta_length: int, counts: dict[str, int], layout=_ARRAYS) -> tuple[list[int], int]:
+    """Where each array of ``layout`` starts in a file of ``counts``, and where the file ends."""
     at, places = HEADER_SIZE + meta_length, []
-    for _name, dtype, count in _ARRAYS:
+    for _name, dtype, count in layout:
         at = _aligned(at)
         places.append(at)
         at += counts[count] * np.dtype(dtype).itemsize
@@ -127,11 +139,12 @@ class SetIndex:
         if len(data) < HEADER_SIZE:
             raise _bad(where, f"{len(data)} bytes, shorter than its header")
         magic, version, meta_length, shards, samples, entries, keys, crc = _HEADER.unpack_from(data)
-        if magic != MAGIC or version != 1:
-            raise _bad(where, f"magic {magic!r} and version {version}, not {MAGIC!r} 1")
+        if magic != MAGIC or version not in (1, 2):
+            raise _bad(where, f"magic {magic!r} and version {version}, not {MAGIC!r} 1 or 2")
         if min(shards, samples, entries, keys, meta_length) < 0:
             raise _bad(where, "negative counts in its header")
-        places, end = _places(meta_length, _counts(shards, samples, entries, keys))
+        layout = _ARRAYS if version == 1 else _ARRAYS + _SIZES
+        places, end = _places(meta_length, _counts(shards, samples, entries, keys), layout)
         if end != len(data):
             raise _bad(where, f"{len(data)} bytes, but its header describes {end}")
         # The same shards give the same bytes, so processes that build a set index at once may
@@ -150,12 +163,15 @@ class SetIndex:
             meta = json.loads(bytes(data[HEADER_SIZE : HEADER_SIZE + meta_length]).decode())
             self.field_names = tuple(meta["fields"])
             self.digest = str(meta["urls_sha256"])
+            sizes_field = str(meta["sizes_field"]) if version == 2 else None
         except (ValueError, KeyError, TypeError) as exc:
             raise _bad(where, f"its meta data cannot be read: {exc}") from None
         counts = _counts(shards, samples, entries, keys)
-        for (name, dtype, count), place in zip(_ARRAYS, places):
+        for (name, dtype, count), place in zip(layout, places):
             setattr(self, name, np.frombuffer(data, dtype, counts[count], place))
         self._names = np.array(self.field_names, object)
+        #: the image sizes of every sample of the set (views of the file), when recorded, else None
+        self.sizes = SizeColumn(sizes_field, self.width, self.height) if version == 2 else None
 
     @classmethod
     def open(cls, path: str, *, verify: bool = True) -> SetIndex:
@@ -242,8 +258,10 @@ class SetIndex:
         k0, k1 = int(self.key_start[shard]), int(self.key_start[shard + 1])
         e0, e1 = int(self.entry_start[shard]), int(self.entry_start[shard + 1])
         names, field = self._shard_fields(self.entry_field[e0:e1])
+        sizes = None if self.sizes is None else SizeColumn(self.sizes.field, self.sizes.widths[a:b], self.sizes.heights[a:b])
         return ShardIndex(int(self.shard_size[shard]), int(self.shard_mtime_ns[shard]), names, self.key_bytes[k0:k1],
-                          self.key_end[a:b], self.entry_end[a:b], field, self.entry_offset[e0:e1], self.entry_size[e0:e1])
+                          self.key_end[a:b], self.entry_end[a:b], field, self.entry_offset[e0:e1], self.entry_size[e0:e1],
+                          sizes=sizes)
 
     def _shard_fields(self, field: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
         """The field names of one shard, in the order it first has them (as its own index lists
@@ -311,17 +329,30 @@ def _tables(indexes: Sequence[ShardIndex]) -> tuple[list[str], dict[str, np.ndar
     return list(numbers), small, renumber
 
 
+def _sizes_field(indexes: Sequence[ShardIndex]) -> str | None:
+    """The field whose image sizes every one of ``indexes`` holds, or None (some have none, or another field's)."""
+    fields = {None if index.sizes is None else index.sizes.field for index in indexes}
+    return fields.pop() if len(fields) == 1 else None
+
+
 def _pieces(indexes: Sequence[ShardIndex], renumber: list, small: dict[str, np.ndarray], name: str):
     """The array ``name`` of the file, in pieces of consecutive shards (about :data:`_CHUNK` items each)."""
-    column = _FROM_SHARDS[name]
+    if name in ("width", "height"):
+        column = 1 if name == "width" else 2  # of a SizeColumn
+
+        def part(n: int) -> np.ndarray:
+            return indexes[n].sizes[column]
+    else:
+        column = _FROM_SHARDS[name]
+
+        def part(n: int) -> np.ndarray:
+            array = indexes[n].arrays()[column]
+            return array if column != 3 or renumber[n] is None else renumber[n][array]
     weight = small["sample_start"] + small["entry_start"]
     first = 0
     while first < len(indexes):
         last = max(first + 1, int(np.searchsorted(weight, weight[first] + _CHUNK, side="right")) - 1)
-        parts = []
-        for n in range(first, min(last, len(indexes))):
-            part = indexes[n].arrays()[column]
-            parts.append(part if column != 3 or renumber[n] is None else renumber[n][part])
+        parts = [part(n) for n in range(first, min(last, len(indexes)))]
         yield parts[0] if len(parts) == 1 else np.concatenate(parts)
         first = last
 
@@ -329,13 +360,18 @@ def _pieces(indexes: Sequence[ShardIndex], renumber: list, small: dict[str, np.n
 def _write(f, indexes: Sequence[ShardIndex], digest: str) -> None:
     """Write the set index of ``indexes`` to the binary file ``f`` (positioned at its start)."""
     fields, small, renumber = _tables(indexes)
-    meta = json.dumps({"format": FORMAT, "urls_sha256": digest, "fields": fields}).encode()
+    sizes_field = _sizes_field(indexes)
+    version, layout = (1, _ARRAYS) if sizes_field is None else (2, _ARRAYS + _SIZES)
+    meta = {"format": FORMAT if version == 1 else FORMAT_V2, "urls_sha256": digest, "fields": fields}
+    if sizes_field is not None:
+        meta["sizes_field"] = sizes_field
+    meta = json.dumps(meta).encode()
     counts = (len(indexes), int(small["sample_start"][-1]), int(small["entry_start"][-1]), int(small["key_start"][-1]))
-    unsealed = _HEADER.pack(MAGIC, 1, len(meta), *counts, 0)
+    unsealed = _HEADER.pack(MAGIC, version, len(meta), *counts, 0)
     f.write(unsealed)
     crc, at = zlib.crc32(meta, zlib.crc32(unsealed[:_CRC_AT])), HEADER_SIZE + len(meta)
     f.write(meta)
-    for name, dtype, _count in _ARRAYS:
+    for name, dtype, _count in layout:
         pad = bytes(_aligned(at) - at)
         crc = zlib.crc32(pad, crc)
         f.write(pad)
@@ -346,7 +382,7 @@ def _write(f, indexes: Sequence[ShardIndex], digest: str) -> None:
             f.write(raw)
             at += len(raw)
     f.seek(0)
-    f.write(_HEADER.pack(MAGIC, 1, len(meta), *counts, crc))
+    f.write(_HEADER.pack(MAGIC, version, len(meta), *counts, crc))
 
 
 def set_index_bytes(indexes: Sequence[ShardIndex], digest: str) -> bytes:

@@ -52,6 +52,7 @@ from .catalog import default_cache_dir, resolve_set
 from .indexsource import BuildSink, load_index, load_index_async
 from .listing import expand_urls
 from .heldindexes import HeldIndexes
+from .imagesizes import image_sizes
 from .shardtable import ShardEntry, ShardTable, UrlList
 from .indexfile import ShardIndex
 from .setindex import SetIndex
@@ -297,6 +298,12 @@ class ShardSet(Sequence["SampleRef"]):
         items = np.asarray(indices, np.int64)
         shards = np.searchsorted(self._starts, items, side="right") - 1
         return shards, items - self._starts[shards]
+
+    def image_sizes(self, field: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(widths, heights)`` of every item's image ``field`` (default: the field the indexes
+        recorded), int32, in item order, 0 x 0 where there is none: from the indexes, where
+        ``hydrax shards index --sizes FIELD`` records them (see :mod:`hydrax.shards.imagesizes`)."""
+        return image_sizes(self, field, self._write_index)
 
     # -- reading -----------------------------------------------------------------------------
     def _read(self, shard: int, sample: int, offset: int, size: int) -> memoryview:

@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .indexfile import ShardIndex
+from .sizecolumn import SizeCounts
 
 #: Index objects and files sit beside their shard under this suffix.
 INDEX_SUFFIX = ".hidx"
@@ -40,6 +41,9 @@ class ShardEntry:
     #: The manifest or folder summary that gave ``samples`` (named when the shard's index disagrees);
     #: where a count came from does not make two entries different.
     counted_by: str | None = field(default=None, compare=False)
+    #: How the image sizes came out, for a shard whose index was just given them
+    #: (``hydrax shards index --sizes``), else None.
+    size_counts: SizeCounts | None = field(default=None, compare=False)
 
 
 class UrlList(Sequence[str]):

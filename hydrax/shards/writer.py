@@ -14,7 +14,8 @@ import os
 import tarfile
 from typing import Any, Callable, Mapping
 
-from .indexfile import ShardIndex, index_path
+from .indexfile import ShardIndex, index_path, measure_local_sizes
+from .sizecolumn import SizeCounts
 from .tarindex import Sample
 
 
@@ -28,10 +29,14 @@ class ShardWriter:
     :param start_shard: the number of the first shard.
     :param post: called with each finished shard's path (after its index is written).
     :param index: write ``<shard>.hidx`` beside each shard.
+    :param sizes: a field name: each index records the image size of that field of every sample
+        (see :mod:`~hydrax.shards.sizecolumn`), read from the finished shard's headers;
+        :attr:`size_counts` adds up how they came out.
     """
 
     def __init__(self, pattern: str, maxcount: int = 100_000, maxsize: float = 3e9, *, mtime: float = 0,
-                 start_shard: int = 0, post: Callable[[str], Any] | None = None, index: bool = True) -> None:
+                 start_shard: int = 0, post: Callable[[str], Any] | None = None, index: bool = True,
+                 sizes: str | None = None) -> None:
         try:
             pattern % start_shard
         except TypeError:
@@ -44,6 +49,8 @@ class ShardWriter:
         self.mtime = mtime
         self.post = post
         self.write_index = index
+        self.sizes = sizes
+        self.size_counts = SizeCounts()
         self.shard = start_shard
         self.paths: list[str] = []
         self._tar: tarfile.TarFile | None = None
@@ -107,7 +114,11 @@ class ShardWriter:
         self._tar = None
         if self.write_index:
             stat = os.stat(self._path)
-            ShardIndex.from_samples(self._samples, stat.st_size, stat.st_mtime_ns).save(index_path(self._path))
+            index = ShardIndex.from_samples(self._samples, stat.st_size, stat.st_mtime_ns)
+            if self.sizes is not None:
+                measure_local_sizes(index, self._path, self.sizes)
+                self.size_counts += index.size_counts()
+            index.save(index_path(self._path))
         self.paths.append(self._path)
         if self.post is not None:
             self.post(self._path)

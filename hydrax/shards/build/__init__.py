@@ -98,6 +98,7 @@ from .reading import load_samples
 from .sources import (MANIFEST_SUFFIXES, BuildError, SourceSample, check_key, samples_from_files, samples_from_folder,
                            samples_from_list, samples_from_manifest, warner)
 from ..options import S3Options, StoreOptions
+from ..sizecolumn import SizeCounts
 from ..writer import ShardWriter
 
 __all__ = [
@@ -117,6 +118,7 @@ class BuildReport:
     :param shard_bytes: bytes of the shards themselves (tar headers and padding included).
     :param seconds: wall time of the build.
     :param skipped: one message per sample skipped with ``skip_bad``.
+    :param size_counts: with ``sizes``, how the image sizes recorded in the indexes came out.
     """
 
     shards: list[str]
@@ -125,6 +127,7 @@ class BuildReport:
     shard_bytes: int
     seconds: float
     skipped: list[str] = field(default_factory=list)
+    size_counts: SizeCounts = SizeCounts()
 
     @property
     def rate(self) -> float:
@@ -165,7 +168,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
                  shuffle_seed: int | None = None, workers: int = 1, check_images: bool = False,
                  skip_bad: bool = False, force: bool = False, s3_options: S3Options | StoreOptions | None = None,
                  progress: Callable[[int], Any] | None = None,
-                 warn: Callable[[str], Any] | None = None) -> BuildReport:
+                 warn: Callable[[str], Any] | None = None, sizes: str | None = None) -> BuildReport:
     """Write ``samples`` into shards named by ``pattern`` (see the module docs for the output).
 
     :param pattern: ``out/train-%06d.tar`` or ``s3://bucket/prefix/train-%06d.tar``: one number
@@ -185,6 +188,9 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
         :class:`~hydrax.shards.StoreOptions` for any remote pattern).
     :param progress: called with the number of samples done, as they are done.
     :param warn: called with each warning (default :func:`warnings.warn`).
+    :param sizes: a field name: every shard's index records the image size of that field of
+        each sample (see :mod:`~hydrax.shards.sizecolumn`), read from the headers of the shard
+        just written.
     """
     started = time.perf_counter()
     warn = warner(warn)
@@ -199,7 +205,7 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
         existing = refuse_existing(output, force)
         if shuffle_seed is not None:
             samples = shuffled(samples, shuffle_seed)
-        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish)
+        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, post=output.publish, sizes=sizes)
         written, payload, skipped = _write_samples(writer, samples, workers, check_images, skip_bad, progress, warn)
         if not written:
             raise BuildError(f"every sample was skipped; nothing written to {pattern}")
@@ -211,4 +217,5 @@ def build_shards(samples: Sequence[SourceSample], pattern: str, *, maxcount: int
         output.abort()
         raise
     warn_stale(existing, output.published, warn)
-    return BuildReport(list(output.published), written, payload, output.sizes, time.perf_counter() - started, skipped)
+    return BuildReport(list(output.published), written, payload, output.sizes, time.perf_counter() - started, skipped,
+                       writer.size_counts)

@@ -18,6 +18,7 @@ from .reading import load_sample
 from .sources import BuildError, SourceSample
 from ..shardtable import ShardEntry
 from ..options import S3Options, StoreOptions
+from ..sizecolumn import SizeCounts
 from ..writer import ShardWriter
 
 
@@ -58,12 +59,13 @@ def shard_bounds(sizes: Sequence[int], maxcount: int, maxsize: float) -> list[tu
 @dataclass
 class PartReport:
     """What :func:`write_shard_range` wrote: the shards' paths or URLs, their index entries
-    (remote), field bytes and shard bytes."""
+    (remote), field bytes and shard bytes, and how the image sizes came out (with ``sizes``)."""
 
     shards: list[str]
     entries: list[ShardEntry]
     payload_bytes: int
     shard_bytes: int
+    size_counts: SizeCounts = SizeCounts()
 
 
 def check_output(pattern: str, s3_options: S3Options | StoreOptions | None, force: bool) -> list[str]:
@@ -77,15 +79,16 @@ def check_output(pattern: str, s3_options: S3Options | StoreOptions | None, forc
 
 
 def write_shard_range(samples: Sequence[SourceSample], pattern: str, first_shard: int, shards: int, *, maxcount: int,
-                      maxsize: float, s3_options: S3Options | StoreOptions | None = None) -> PartReport:
+                      maxsize: float, s3_options: S3Options | StoreOptions | None = None, sizes: str | None = None) -> PartReport:
     """Write ``samples`` as the ``shards`` shards numbered from ``first_shard`` on, exactly as a
-    whole build writes them when its shard ``first_shard`` starts with ``samples[0]``; no folder
+    whole build writes them when its shard ``first_shard`` starts with ``samples[0]`` (with
+    ``sizes``, as :func:`~hydrax.shards.build.build_shards` takes it, in their indexes); no folder
     summary (see :func:`write_folder_summary`). A part that fails removes what it wrote; one whose
     files no longer give the planned shards (changed since they were probed) is a :class:`BuildError`."""
     output = BuildOutput(pattern, s3_options)
     writer = None
     try:
-        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, start_shard=first_shard, post=output.publish)
+        writer = ShardWriter(output.temp_pattern, maxcount, maxsize, start_shard=first_shard, post=output.publish, sizes=sizes)
         payload = 0
         for sample in samples:
             loaded = load_sample(sample, False)
@@ -102,7 +105,7 @@ def write_shard_range(samples: Sequence[SourceSample], pattern: str, first_shard
             writer.abort()
         output.abort()
         raise
-    return PartReport(list(output.published), list(output.entries), payload, output.sizes)
+    return PartReport(list(output.published), list(output.entries), payload, output.sizes, writer.size_counts)
 
 
 def write_folder_summary(pattern: str, entries: Sequence[ShardEntry], s3_options: S3Options | StoreOptions | None = None) -> None:
