@@ -109,14 +109,7 @@ def one_run(kind: str, pattern: str, loaders: int, epochs: int) -> dict:
     started = time.perf_counter()
     shards = ShardSet(pattern)
     if kind == "buckets":
-        sizes = getattr(shards, "image_sizes", None)
-        if sizes is not None:
-            widths, heights = sizes("jpg")
-        else:
-            from hydrax.image import image_sizes
-
-            found = image_sizes([bytes(s["jpg"]) for s in shards])
-            widths, heights = found.widths, found.heights
+        widths, heights = shards.image_sizes("jpg")
         plan = plan_buckets(widths, heights, pixels=224 * 224, step=32, pixels_per_batch=64 * 224 * 224)
         groups = hydrax.bucket_groups(plan, shards, lambda h, w: {"image": ((h, w, 3), np.uint8, jnp.uint8)},
                                       shuffle_later="shardwise")
