@@ -1,5 +1,6 @@
 """The examples in ``examples/``, run as their README says: each in its ``--tiny`` mode, as a real
-subprocess (``python examples/...``), checking the exit status and what it prints.
+subprocess (``python examples/...``), checking the exit status and what it prints. The two that
+make their own photos make them in the test's temporary folder (``--data``).
 
 The classifier is also killed with SIGKILL after its first checkpoint and run again: it must end
 with the parameters of an uninterrupted run, bit for bit. Each run starts JAX, Flax and Orbax
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = ROOT / "examples" / "flax_classifier.py"
 MIXTURE = ROOT / "examples" / "mixture.py"
 TRAINER = ROOT / "examples" / "serving" / "trainer.py"
+BUCKETS = ROOT / "examples" / "buckets.py"
+RESIZED = ROOT / "examples" / "random_resized_crop.py"
 #: The classifier's --tiny run: checkpoints at these steps.
 TINY_STEPS, TINY_EVERY = 24, 6
 DIGEST = re.compile(r"^\[classifier\] digest ([0-9a-f]{64})$", re.MULTILINE)
@@ -32,8 +35,8 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("PIL")  # hydrax.image, which every example's loader uses
 
 
-def needs_training_libraries() -> None:
-    for module in ("flax", "optax", "orbax.checkpoint"):
+def needs_training_libraries(*modules: str) -> None:
+    for module in modules or ("flax", "optax", "orbax.checkpoint"):
         pytest.importorskip(module)
 
 
@@ -147,3 +150,48 @@ def test_the_serving_example_trains_on_batches_from_two_producers(tmp_path):
     assert "[trainer] trained on 20 batches in " in output
     assert "[trainer] every batch once, in order: True; producers failed: 0" in output
     assert re.search(r"^\[trainer\] digest [0-9a-f]{64}$", output, re.MULTILINE)
+
+
+def test_the_buckets_example_trains_over_eight_devices_on_every_batch_of_every_bucket(tmp_path):
+    needs_training_libraries("flax", "optax")
+    env = environment(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    output = run(BUCKETS, "--tiny", "--data", str(tmp_path / "photos"), log=tmp_path / "run.log", env=env)
+    assert f"[buckets] wrote 400 photos into {tmp_path / 'photos'} in " in output, output
+    assert re.search(r"^\[buckets\] 400 photos in 8 shards, \d+ sizes; 8 device\(s\), 1 loader process\(es\), 2 epochs; "
+                     r"the plan:$", output, re.MULTILINE), output
+    # the plan's table: slot width x height, aspect, batch size, images, whole batches per epoch
+    table = [(int(w), int(h), int(batch), int(batches)) for w, h, batch, batches in re.findall(
+        r"^ +(\d+)x(\d+) +\d\.\d{3} +(\d+) +[\d,]+ +(\d+) ", output, re.MULTILINE)]
+    assert len(table) >= 3 and len({w * 1000 // h for w, h, _, _ in table}) == len(table), output
+    # batches split over 8 devices: every bucket's batch size is a multiple of 8
+    assert all(batch % 8 == 0 for _, _, batch, _ in table), table
+    # every batch of every bucket, in each of the two epochs, each a global array of the bucket's shape
+    delivered = [tuple(map(int, found)) for found in re.findall(
+        r"^\[buckets\] bucket (\d+)x(\d+): (\d+) batches \((\d+) per epoch\) of shape \((\d+), (\d+), (\d+), 3\)$",
+        output, re.MULTILINE)]
+    assert [(w, h, batch, per_epoch) for w, h, _, per_epoch, batch, _, _ in delivered] == table, output
+    assert all((height, width) == (h, w) for w, h, _, _, _, height, width in delivered), delivered
+    assert all(count == 2 * per_epoch for _, _, count, per_epoch, _, _, _ in delivered), delivered
+    # one compilation per bucket, of its (batch, height, width, 3) shape
+    compiled = re.search(r"^\[buckets\] the train step was compiled for (\d+) batch shapes .*: (.*)$", output, re.MULTILINE)
+    shapes = sorted(tuple(map(int, shape)) for shape in re.findall(r"\((\d+), (\d+), (\d+), 3\)", compiled.group(2)))
+    assert int(compiled.group(1)) == len(shapes) == len(table)
+    assert shapes == sorted((batch, h, w) for w, h, batch, _ in table)
+    losses = [float(loss) for loss in re.findall(r"^\[buckets\] epoch \d: mean loss (\d+\.\d+), tags right ", output, re.MULTILINE)]
+    assert len(losses) == 2 and losses[1] < losses[0], output
+    assert re.search(r"^\[buckets\] digest [0-9a-f]{64}$", output, re.MULTILINE)
+
+
+def test_the_random_resized_crop_example_learns_its_classes_well_above_chance(tmp_path):
+    needs_training_libraries("flax", "optax")
+    output = run(RESIZED, "--tiny", "--data", str(tmp_path / "photos"), log=tmp_path / "run.log")
+    assert f"[rrc] wrote 320 photos into {tmp_path / 'photos'} in " in output, output
+    assert ("[rrc] 256 training and 64 validation photos, 160-320 px a side, 6 classes; training: random resized crops to "
+            "64x64, validation: shorter side 73, centre 64x64; 1 device(s), global batch 16") in output, output
+    epochs = re.findall(r"^\[rrc\] epoch (\d): training loss (\d+\.\d+), validation accuracy (\d+\.\d)%$", output, re.MULTILINE)
+    assert [int(epoch) for epoch, _, _ in epochs] == [0, 1, 2, 3, 4], output
+    losses, accuracies = [float(e[1]) for e in epochs], [float(e[2]) for e in epochs]
+    # 6 classes: chance is 16.7%; here about 80% after the fifth epoch (on 64 photos, steps of 1.6%)
+    assert losses[-1] < losses[0] / 2 and accuracies[-1] >= 50, epochs
+    assert "[rrc] trained 80 steps in " in output
+    assert re.search(r"^\[rrc\] digest [0-9a-f]{64}$", output, re.MULTILINE)
