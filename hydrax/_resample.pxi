@@ -63,7 +63,7 @@ cdef inline double _sinc(double x) noexcept nogil:
     return sin(x) / x
 
 
-cdef double _filter_weight(int kind, double x) noexcept nogil:
+cdef inline double _filter_weight(int kind, double x) noexcept nogil:
     if kind == FILTER_BOX:
         return 1.0 if -0.5 < x <= 0.5 else 0.0
     if kind == FILTER_LANCZOS:
@@ -222,8 +222,8 @@ cdef void _compute_taps(Taps taps, float start, double scale, double filterscale
             xmin, xmax = _fold_taps(k, xmin, xmax, chroma, k + ksize)
             xmax = min(xmax, ksize)  # cannot happen (see _fold_taps); the kernel relies on it
         fixed = taps.weights + xx * ksize
-        for x in range(ksize):
-            weight = (k[x] / total if total != 0.0 else k[x]) if x < xmax else 0.0
+        for x in range(ksize):  # (k is normalised once, as Pillow does: total is now 1.0, or 0.0 for none)
+            weight = k[x] if x < xmax else 0.0
             fixed[x] = <int32_t>(weight * (1 << RESAMPLE_BITS) + (0.5 if weight >= 0 else -0.5))
         taps.bounds[2 * xx] = <int32_t>xmin
         taps.bounds[2 * xx + 1] = <int32_t>xmax

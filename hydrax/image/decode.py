@@ -361,6 +361,8 @@ def _region_pixels(view: memoryview, header: jpeg.JpegHeader, region: tuple[int,
     left, top, right, bottom = region
     if factor == 1 and (right - left) * (bottom - top) >= REGION_SHARE * header.width * bottom and jpeg.planar(header):
         return None
+    if not (read[0] < read[2] and read[1] < read[3]):  # (the taps always read a pixel; nothing to decode otherwise)
+        return None
     return jpeg.decode_region(view, header, factor, read)
 
 
