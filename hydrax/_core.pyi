@@ -103,6 +103,21 @@ class JpegLibrary:
         buffer: np.ndarray,
         stop: int = -1,
     ) -> int: ...
+    @property
+    def scanlines(self) -> bool: ...
+    def decode_region(
+        self,
+        data: memoryview | bytes,
+        width: int,
+        height: int,
+        components: int,
+        denom: int,
+        left: int,
+        top: int,
+        right: int,
+        bottom: int,
+        buffer: np.ndarray,
+    ) -> tuple[int, int]: ...
 
 def planar_kernels(most: int = -1) -> int: ...
 def resample_planes_into(

@@ -23,6 +23,9 @@ cdef extern from "_planar.h":
 cdef extern from "_libjpeg.h":
     ctypedef struct hx_jpeg_api:
         void* handle
+        void* read_scanlines
+        void* skip_scanlines
+        void* crop_scanline
     ctypedef struct hx_jpeg_job:
         pass
     int HX_JPEG_MAX_LINES
@@ -30,6 +33,10 @@ cdef extern from "_libjpeg.h":
     int hx_jpeg_planes(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
                        unsigned int width, unsigned int height, const int* sampling, unsigned char*** rows,
                        Py_ssize_t imcu_rows, unsigned int max_lines, unsigned int stop) noexcept nogil
+    int hx_jpeg_region(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
+                       unsigned int width, unsigned int height, int components, unsigned int denom, unsigned int left,
+                       unsigned int right, unsigned int top, unsigned int bottom, unsigned char* dest,
+                       Py_ssize_t stride, unsigned int* first_column) noexcept nogil
 
 cdef enum:
     PLANE_ALIGN = 16     # each plane's rows start 16-byte aligned
@@ -131,6 +138,48 @@ cdef class JpegLibrary:
         free(job)
         return status
 
+    @property
+    def scanlines(self):
+        """Whether the library has the scanline calls :meth:`decode_region` needs (skipping and
+        cropping: libjpeg-turbo 1.5 and later)."""
+        return (self.api.read_scanlines != NULL and self.api.skip_scanlines != NULL
+                and self.api.crop_scanline != NULL)
+
+    def decode_region(self, const unsigned char[::1] data, Py_ssize_t width, Py_ssize_t height, int components,
+                      int denom, Py_ssize_t left, Py_ssize_t top, Py_ssize_t right, Py_ssize_t bottom,
+                      unsigned char[::1] buffer):
+        """Decode rows ``top``..``bottom - 1`` and columns ``left``..``right - 1`` of the JPEG
+        ``data`` (``width`` x ``height``, ``components`` 1: gray, or 3: YCbCr, decoded to RGB)
+        scaled by 1/``denom`` (1, 2, 4 or 8; each side rounded up) into ``buffer``, laid out as
+        the whole scaled image: row r at ``r * scaled_width * components`` bytes. libjpeg moves
+        the left edge down to its iMCU column, and makes the crop's edges and the first rows
+        after the skip as it makes the image's edges (callers decode a margin). Returns
+        ``(status, first_column)``: status 0, 1 where libjpeg reported an error or a warning, or
+        2 where the file is not what the arguments say or the library cannot crop (nothing
+        usable is then written)."""
+        if components not in (1, 3) or denom not in (1, 2, 4, 8):
+            raise ValueError(f"components must be 1 or 3 and denom 1, 2, 4 or 8, not {components} and {denom}")
+        if not (0 < width <= JPEG_MAX_SIDE and 0 < height <= JPEG_MAX_SIDE):
+            raise ValueError(f"a JPEG is 1 to 65535 pixels a side, not {width}x{height}")
+        cdef Py_ssize_t scaled_w = (width + denom - 1) // denom, scaled_h = (height + denom - 1) // denom
+        if not (0 <= left < right <= scaled_w and 0 <= top < bottom <= scaled_h):
+            raise ValueError(f"the region {left}, {top}, {right}, {bottom} is not inside {scaled_w}x{scaled_h}")
+        cdef Py_ssize_t stride = scaled_w * components
+        if buffer.shape[0] < scaled_h * stride:
+            raise ValueError(f"the buffer must hold {scaled_h * stride} bytes, not {buffer.shape[0]}")
+        if data.shape[0] == 0:
+            return 2, left
+        cdef hx_jpeg_job* job = <hx_jpeg_job*>malloc(sizeof(hx_jpeg_job))
+        if job == NULL:
+            raise MemoryError()
+        cdef unsigned int first = left
+        cdef int status
+        with nogil:
+            status = hx_jpeg_region(&self.api, job, &data[0], data.shape[0], width, height, components, denom, left,
+                                    right, top, bottom, &buffer[0], stride, &first)
+        free(job)
+        return status, first
+
 
 def resample_planes_into(const unsigned char[:, :] y, const unsigned char[:, :] cb, const unsigned char[:, :] cr,
                          pixel_out_t[:, :, ::1] out, bint chw, bint flip, Taps luma_columns, Taps luma_rows,
@@ -149,6 +198,8 @@ def resample_planes_into(const unsigned char[:, :] y, const unsigned char[:, :] 
                                    ("chroma rows", chroma_rows, cb.shape[0], out_height)):
         if taps.in_size != size or taps.out_size != made:
             raise ValueError(f"the {name}' taps take {taps.in_size} pixels to {taps.out_size}, not {size} to {made}")
+    for taps in (luma_columns, luma_rows, chroma_columns, chroma_rows):
+        (<Taps>taps)._short_ready()
     cdef ColourPlan plan
     if colour is None:
         if pixel_out_t is not uint8_t or out_channels != 3:

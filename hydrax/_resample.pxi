@@ -63,7 +63,7 @@ cdef inline double _sinc(double x) noexcept nogil:
     return sin(x) / x
 
 
-cdef double _filter_weight(int kind, double x) noexcept nogil:
+cdef inline double _filter_weight(int kind, double x) noexcept nogil:
     if kind == FILTER_BOX:
         return 1.0 if -0.5 < x <= 0.5 else 0.0
     if kind == FILTER_LANCZOS:
@@ -110,6 +110,7 @@ cdef class Taps:
     cdef int16_t* short_weights
     cdef void* short_block
     cdef Py_ssize_t kpad
+    cdef bint split_tried
 
     def __cinit__(self, Py_ssize_t in_size, double in0, double in1, Py_ssize_t out_size, int kind,
                   Py_ssize_t chroma=0):
@@ -147,12 +148,25 @@ cdef class Taps:
         _compute_taps(self, start, scale, filterscale, support, kind, scratch, chroma)
         free(scratch)
         self.kpad = _short_pad(self)
+        # the short and split weights are made on first use (_short_ready, _pairs_ready): each
+        # kernel reads one of the two, and a random crop's taps are mostly used once
+
+    cdef int _short_ready(self) except -1:
+        """Make the short weights, once (the plane kernels read them). Called with the GIL held,
+        before any kernel reads them, so no two threads make them and none reads a half-made set."""
+        if self.short_weights != NULL:
+            return 0
         self.short_block = malloc(self.out_size * self.kpad * sizeof(int16_t) + 15)
         if self.short_block == NULL:
             raise MemoryError()
-        self.short_weights = <int16_t*>((<uintptr_t>self.short_block + 15) & ~<uintptr_t>15)
-        _shorten_taps(self)
-        if HX_SIMD:
+        _shorten_taps(self, <int16_t*>((<uintptr_t>self.short_block + 15) & ~<uintptr_t>15))
+        return 0
+
+    cdef void _pairs_ready(self) noexcept:
+        """Make the split weights, once, where the SIMD kernels run (resample_into reads them);
+        with the GIL held, as :meth:`_short_ready`. Where they cannot be made the scalar loops run."""
+        if HX_SIMD and not self.split_tried:
+            self.split_tried = True
             _split_taps(self)
 
     def __dealloc__(self):
@@ -208,8 +222,8 @@ cdef void _compute_taps(Taps taps, float start, double scale, double filterscale
             xmin, xmax = _fold_taps(k, xmin, xmax, chroma, k + ksize)
             xmax = min(xmax, ksize)  # cannot happen (see _fold_taps); the kernel relies on it
         fixed = taps.weights + xx * ksize
-        for x in range(ksize):
-            weight = (k[x] / total if total != 0.0 else k[x]) if x < xmax else 0.0
+        for x in range(ksize):  # (k is normalised once, as Pillow does: total is now 1.0, or 0.0 for none)
+            weight = k[x] if x < xmax else 0.0
             fixed[x] = <int32_t>(weight * (1 << RESAMPLE_BITS) + (0.5 if weight >= 0 else -0.5))
         taps.bounds[2 * xx] = <int32_t>xmin
         taps.bounds[2 * xx + 1] = <int32_t>xmax
@@ -259,8 +273,9 @@ cdef Py_ssize_t _short_pad(Taps taps) noexcept:
     return 4 if most <= 4 else (most + HX_KPAD - 1) // HX_KPAD * HX_KPAD
 
 
-cdef void _shorten_taps(Taps taps) noexcept:
-    """The short weights from the fixed-point ones: each rounded to 14 fraction bits, and what
+cdef void _shorten_taps(Taps taps, int16_t* short_weights) noexcept:
+    """The short weights from the fixed-point ones into ``short_weights`` (out_size x kpad,
+    16-byte aligned), then made the taps' own: each rounded to 14 fraction bits, and what
     rounding took from the sum given to the largest, so a flat area stays flat."""
     cdef Py_ssize_t xx, x, count, largest
     cdef int32_t total, weight
@@ -268,7 +283,7 @@ cdef void _shorten_taps(Taps taps) noexcept:
     cdef int16_t* w
     for xx in range(taps.out_size):
         k = taps.weights + xx * taps.ksize
-        w = taps.short_weights + xx * taps.kpad
+        w = short_weights + xx * taps.kpad
         count = taps.bounds[2 * xx + 1]
         total = 0
         largest = 0
@@ -281,6 +296,7 @@ cdef void _shorten_taps(Taps taps) noexcept:
                 largest = x
         if count > 0:
             w[largest] = <int16_t>max(-32768, min(32767, w[largest] + (1 << HX_WBITS) - total))
+    taps.short_weights = short_weights  # only now complete
 
 
 cdef void _split_taps(Taps taps) noexcept:
@@ -478,6 +494,8 @@ def resample_into(const unsigned char[:, :, :] src, pixel_out_t[:, :, ::1] out, 
         raise MemoryError()
     cdef Py_ssize_t strides[3]
     strides[0], strides[1], strides[2] = src.strides[0], src.strides[1], src.strides[2]
+    columns._pairs_ready()
+    rows._pairs_ready()
     with nogil:
         if colour is not None and out_height * out_width > PIXELS_TABLE_MIN:
             _tabulate(&plan, <pixel_out_t*>(scratch + row_floats), scratch)

@@ -305,9 +305,11 @@ def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
     if compiler is None or not Path("/usr/include/jpeglib.h").exists():
         pytest.skip("needs a C compiler and jpeglib.h")
     source = (Path(__file__).parents[1] / "hydrax" / "_libjpeg.h").read_text()
-    ours = {name: int(value) for name, value in re.findall(r"#define (HX_JPEG_[A-Z_]+) (\d+)", source)}
+    ours = {name: int(value) for name, value in re.findall(r"#define (HX_J(?:PEG|CS)_[A-Z_]+) (\d+)", source)}
     fields = {"HX_JPEG_ERR": "err", "HX_JPEG_IMAGE_WIDTH": "image_width", "HX_JPEG_IMAGE_HEIGHT": "image_height",
               "HX_JPEG_NUM_COMPONENTS": "num_components", "HX_JPEG_COLOR_SPACE": "jpeg_color_space",
+              "HX_JPEG_OUT_COLOR_SPACE": "out_color_space", "HX_JPEG_SCALE_NUM": "scale_num",
+              "HX_JPEG_SCALE_DENOM": "scale_denom", "HX_JPEG_OUTPUT_COMPONENTS": "output_components",
               "HX_JPEG_RAW_DATA_OUT": "raw_data_out", "HX_JPEG_DCT_METHOD": "dct_method",
               "HX_JPEG_OUTPUT_WIDTH": "output_width", "HX_JPEG_OUTPUT_HEIGHT": "output_height",
               "HX_JPEG_OUTPUT_SCANLINE": "output_scanline"}
@@ -320,7 +322,9 @@ def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
               'printf("HX_JPEG_ERROR_SIZE %zu\\n", sizeof(struct jpeg_error_mgr));',
               'printf("HX_JPEG_ERROR_EXIT %zu\\n", offsetof(struct jpeg_error_mgr, error_exit));',
               'printf("HX_JPEG_EMIT_MESSAGE %zu\\n", offsetof(struct jpeg_error_mgr, emit_message));',
-              'printf("HX_JPEG_ABI %d\\n", JPEG_LIB_VERSION);']
+              'printf("HX_JPEG_ABI %d\\n", JPEG_LIB_VERSION);',
+              'printf("HX_JCS_GRAYSCALE %d\\n", (int)JCS_GRAYSCALE);', 'printf("HX_JCS_RGB %d\\n", (int)JCS_RGB);',
+              'printf("HX_JCS_YCBCR %d\\n", (int)JCS_YCbCr);']
     program = tmp_path / "offsets.c"
     program.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <jpeglib.h>\nint main(void) {\n"
                        + "\n".join(lines) + "\nreturn 0;\n}\n")

@@ -215,6 +215,7 @@ def test_the_plane_decoder_stops_below_the_box(subsampling, monkeypatch):
         np.testing.assert_array_equal(plane[:kept], whole[:kept])
     stops = []
     original = decode_module.plane_rows_read
+    monkeypatch.setattr(decode_module, "REGION_SHARE", 0.0)  # every box through the plane path
     monkeypatch.setattr(decode_module, "plane_rows_read", lambda *a: stops.append(original(*a)) or stops[-1])
     early, whole = np.zeros((224, 224, 3), np.uint8), np.zeros((224, 224, 3), np.uint8)
     for seed in range(40):

@@ -10,15 +10,13 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-import numpy as np
-
 #: The default range of a random resized crop's area, as a fraction of the image's.
 DEFAULT_SCALE = (0.08, 1.0)
 #: The default range of a random resized crop's aspect ratio (width / height).
 DEFAULT_RATIO = (3 / 4, 4 / 3)
 #: Draws of area and aspect before the centred fallback (the number torchvision documents).
 TRIES = 10
-# The stream of mix_seed that keys a random resized crop's generator (1-3 are the crop position and flip).
+# The stream of mix_seed that keys a random resized crop's draws (1-3 are the crop position and flip).
 _RESIZED_STREAM = 4
 
 
@@ -38,11 +36,19 @@ def check_range(name: str, value) -> tuple[float, float]:
         low, high = value
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a (low, high) pair of positive numbers, got {value!r}") from None
-    if not all(isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in (low, high)):
+    if not (_positive(low) and _positive(high)):
         raise ValueError(f"{name} must be a (low, high) pair of positive finite numbers, got {value!r}")
     if low > high:
         raise ValueError(f"{name} must be (low, high) with low <= high, got {value!r}")
     return float(low), float(high)
+
+
+def _positive(value) -> bool:
+    """Whether ``value`` is a positive finite real number (not a bool)."""
+    if type(value) is not float and type(value) is not int:  # the common types first: the ABC check is slow
+        if not isinstance(value, Real) or isinstance(value, bool):
+            return False
+    return math.isfinite(value) and value > 0
 
 
 def random_resized_box(width: int, height: int, seed: int, scale=DEFAULT_SCALE,
@@ -57,8 +63,10 @@ def random_resized_box(width: int, height: int, seed: int, scale=DEFAULT_SCALE,
     uniformly from those where it fits. When no draw fits, the box is the centred crop whose
     aspect is the image's clamped into ``ratio`` (the whole image where that is inside).
 
-    The draws come from a numpy ``Generator(PCG64)`` keyed by ``seed`` alone, so a box is
-    reproducible anywhere, and neighbouring seeds give unrelated boxes. Raises ValueError for a
+    The draws are SplitMix64's finaliser (:func:`mix_seed`) of a key drawn from ``seed`` and the
+    draw's number (a counter-based generator: a few microseconds a box, where seeding a numpy
+    generator took tens), so a box is a pure function of its arguments, reproducible anywhere,
+    and neighbouring seeds give unrelated boxes. Raises ValueError for a
     ``scale`` or ``ratio`` that is not a (low, high) pair of positive finite numbers with
     low <= high, or an image without pixels.
     """
@@ -67,18 +75,29 @@ def random_resized_box(width: int, height: int, seed: int, scale=DEFAULT_SCALE,
     width, height = int(width), int(height)
     if width < 1 or height < 1:
         raise ValueError(f"the image must have pixels, got {width}x{height}")
-    rng = np.random.Generator(np.random.PCG64(mix_seed(int(seed), _RESIZED_STREAM)))
+    key = mix_seed(int(seed), _RESIZED_STREAM)
     area = width * height
     log_low, log_high = math.log(low_ratio), math.log(high_ratio)
-    for _ in range(TRIES):
-        target = area * rng.uniform(low_scale, high_scale)
-        aspect = math.exp(rng.uniform(log_low, log_high))
+    for draw in range(0, 4 * TRIES, 4):
+        target = area * (low_scale + (high_scale - low_scale) * _unit(key, draw))
+        aspect = math.exp(log_low + (log_high - log_low) * _unit(key, draw + 1))
         w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
         if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
+            top = _below(key, draw + 2, height - h + 1)
+            left = _below(key, draw + 3, width - w + 1)
             return left, top, left + w, top + h
     return centre_box(width, height, low_ratio, high_ratio)
+
+
+def _unit(key: int, draw: int) -> float:
+    """Draw number ``draw`` of the stream ``key``: a float uniform in [0, 1), 53 random bits."""
+    return (mix_seed(key, draw) >> 11) * 2.0**-53
+
+
+def _below(key: int, draw: int, count: int) -> int:
+    """Draw number ``draw`` of the stream ``key``: an integer uniform in 0..count-1 (64 random
+    bits scaled down: a bias of at most count / 2**64)."""
+    return (mix_seed(key, draw) * count) >> 64
 
 
 def centre_box(width: int, height: int, low_ratio: float, high_ratio: float) -> tuple[int, int, int, int]:

@@ -18,7 +18,10 @@ fast one: their markers are read by :mod:`hydrax.image.jpeg` and libjpeg-turbo d
 a buffer the thread keeps. Upright YCbCr files that need no DCT scaling are decoded as their own
 Y, Cb and Cr planes, which one kernel call resizes and turns into RGB for the slot's pixels only
 (the plane path: within rounding of Pillow's result, see docs/images.rst); the others are decoded
-to RGB and resized with Pillow's arithmetic to the bit (:mod:`hydrax.image.resample`). Everything
+to RGB and resized with Pillow's arithmetic to the bit (:mod:`hydrax.image.resample`). For a
+random resized crop of an upright JPEG, only the pixels the box's resize reads are decoded to
+RGB (:func:`hydrax.image.jpeg.decode_region`), at any DCT scale, unless the box is large enough
+at full scale that the plane path is quicker (:data:`REGION_SHARE`). Everything
 else (PNG, WebP, GIF, CMYK or 12-bit or arithmetic-coded JPEGs, damaged files, file objects,
 profiles only LittleCMS can apply, the nearest-neighbour filter) goes through Pillow as before,
 and so does any JPEG the fast paths cannot decode cleanly: its errors are Pillow's, worded as ever.
@@ -41,12 +44,16 @@ from .. import _core
 from ..errors import ImageError, ProfileError
 from . import jpeg
 from .boxes import DEFAULT_RATIO, DEFAULT_SCALE, check_range, mix_seed, random_resized_box
-from .resample import FILTERS, plane_rows_read, resize_into, resize_planes_into
+from .resample import FILTERS, pixels_read, plane_rows_read, resize_into, resize_planes_into
 from .sizes import TRANSPOSED_ORIENTATIONS
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
 
 _LAYOUTS = ("hwc", "chw")
+#: A random resized crop's box at full scale is decoded alone (RGB, :func:`hydrax.image.jpeg.decode_region`)
+#: where it has fewer pixels than this share of the rows down to its bottom, which the plane path
+#: transforms whole; else as planes. Measured (docs/images.rst): the quicker of the two within a few %.
+REGION_SHARE = 0.4
 _CROPS = ("center", "random", "random_resized")
 _ORIENTATION_TAG = 0x0112
 # What Pillow's format plugins raise for damaged data: besides OSError, each raises what its parser
@@ -302,18 +309,20 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     width, height = (header.height, header.width) if transposed else (header.width, header.height)
     region = None if resized is None else random_resized_box(width, height, *resized)
     draft = _draft_size(width, height, _draft_scale(width, height, out_h, out_w, size, region), transposed)
-    # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
+    factor = 1 if draft is None else jpeg.draft_factor(header, *draft)
     planes = pixels = None
     (luma_h, luma_v), (chroma_h, chroma_v) = header.sampling[:2] if header.components == 3 else ((1, 1), (1, 1))
     subsampling = (luma_h // chroma_h, luma_v // chroma_v)
-    if draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
+    if region is not None and header.orientation == 1:
+        pixels = _region_pixels(view, header, region, factor, out_h, out_w, kind)
+    # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
+    if pixels is None and draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
         stop = None  # a random resized box needs the rows down to its bottom only: libjpeg stops there
         if region is not None and jpeg.planar(header):
             stop = plane_rows_read(header.height, region[1], region[3], out_h, kind, subsampling[1],
                                    -(-header.height * chroma_v // luma_v))
         planes = jpeg.decode_planes(view, header, stop)
-    factor = 1 if draft is None else jpeg.draft_factor(header, *draft)
-    if planes is None:
+    if planes is None and pixels is None:
         pixels = jpeg.decode(view, header, factor)
         if pixels is None:
             return False
@@ -339,6 +348,22 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
     if target is not out:
         out[...] = target
     return True
+
+
+def _region_pixels(view: memoryview, header: jpeg.JpegHeader, region: tuple[int, int, int, int], factor: int,
+                   out_h: int, out_w: int, kind: int) -> np.ndarray | None:
+    """An upright JPEG decoded at 1/``factor`` with only the pixels that resizing the random
+    resized crop's ``region`` reads (:func:`hydrax.image.jpeg.decode_region`); None where the
+    plane path is quicker (see :data:`REGION_SHARE`) or the region decoder declines the file."""
+    scaled_w, scaled_h = -(-header.width // factor), -(-header.height // factor)
+    read = pixels_read(scaled_w, scaled_h, _scaled_box(region, factor, header.width, header.height, 1), out_w, out_h,
+                       kind)
+    left, top, right, bottom = region
+    if factor == 1 and (right - left) * (bottom - top) >= REGION_SHARE * header.width * bottom and jpeg.planar(header):
+        return None
+    if not (read[0] < read[2] and read[1] < read[3]):  # (the taps always read a pixel; nothing to decode otherwise)
+        return None
+    return jpeg.decode_region(view, header, factor, read)
 
 
 def _check_arguments(out: np.ndarray, layout: str, size: int | None, crop: str, flip: bool, seed: int | None, space: str,

@@ -8,14 +8,16 @@ them). For anything else, and for anything it cannot read cleanly, it returns No
 ``decode_into`` takes Pillow's path, so an unusual or damaged file behaves exactly as it did
 before this path existed.
 
-Two decoders follow. :func:`decode_planes` has libjpeg-turbo decode a YCbCr file's Y, Cb and Cr
+Three decoders follow. :func:`decode_planes` has libjpeg-turbo decode a YCbCr file's Y, Cb and Cr
 planes as they are stored, without upsampling the chroma or converting colour (that work is done
 later, for the output's pixels only): the quickest way from a JPEG to a small slot. The library
 is the libjpeg-turbo that Pillow's wheels carry, opened at run time (:func:`library`), so
-nothing more is installed or built against. :func:`decode` gives RGB or gray pixels, through
-simplejpeg (whose wheels carry libjpeg-turbo too), scaled in the DCT domain by the factor
-Pillow's ``draft`` would choose, so both paths see the same pixels. Each decodes into a buffer
-its thread keeps.
+nothing more is installed or built against. :func:`decode_region` has the same library decode
+only a box of the image, to RGB or gray, at a DCT scale: the rows above it entropy-decoded and
+skipped, the columns beside it not transformed, nothing below it read (a random resized crop's
+box). :func:`decode` gives all of the image as RGB or gray pixels, through simplejpeg (whose
+wheels carry libjpeg-turbo too), scaled in the DCT domain by the factor Pillow's ``draft`` would
+choose, so both paths see the same pixels. Each decodes into a buffer its thread keeps.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ BUFFER_ALIGN = 64
 _FRAMES = (0xC0, 0xC1, 0xC2)
 #: Other start-of-frame markers (0xC4 is DHT, 0xC8 reserved, 0xCC DAC).
 _OTHER_FRAMES = frozenset(range(0xC3, 0xD0)) - {0xC4, 0xC8, 0xCC}
+#: Segments whose contents read_header does not look at (Huffman and quantisation tables, restart
+#: interval, JFIF, comment): stepped over by their length, most of a common file's segments.
+_UNREAD = frozenset({0xC4, 0xDB, 0xDD, 0xE0, 0xFE})
 _ORIENTATION_TAG = 0x0112
 _SHORT = 3
 #: Where Pillow's wheels keep the libraries they bring, relative to the PIL package: manylinux
@@ -100,6 +105,9 @@ def read_header(data: memoryview, max_pixels: int | None = None) -> JpegHeader |
         length = (data[at + 1] << 8) | data[at + 2]
         if length < 2 or at + 1 + length > end:
             return None
+        if marker in _UNREAD:
+            at += 1 + length
+            continue
         segment = data[at + 3 : at + 1 + length]
         at += 1 + length
         if marker == 0xDA:  # start of scan: the entropy-coded data follows
@@ -344,6 +352,70 @@ def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, s
                  for offset, rows, stride, height, width in layout)
 
 
+#: The samplings (h, v of each component) :func:`decode_region` takes: gray, 4:4:4, 4:2:2 and
+#: 4:2:0, each tested against a full decode. Others (4:4:0, 4:1:1, odd factors) decode whole.
+REGION_SAMPLINGS = frozenset({((1, 1),), ((1, 1), (1, 1), (1, 1)), ((2, 1), (1, 1), (1, 1)), ((2, 2), (1, 1), (1, 1))})
+
+
+def decode_region(data: memoryview, header: JpegHeader, factor: int, box: tuple[int, int, int, int]) -> np.ndarray | None:
+    """The JPEG in ``data`` scaled by 1/``factor`` in the DCT domain, as :func:`decode` gives it,
+    but with only the pixels in ``box`` (left, top, right, bottom of the scaled image) decoded:
+    libjpeg-turbo entropy-decodes the rows above the box without transforming them, transforms
+    only the box's columns (and a margin), and stops below the box. (H, W, 1 or 3) uint8 as
+    stored, in this thread's buffer: valid until the next call, and outside the box it holds
+    whatever the buffer held. None where the file's sampling is not one of
+    :data:`REGION_SAMPLINGS`, the :func:`region_library` is missing, or libjpeg-turbo reports
+    anything (damage below the box goes unseen)."""
+    found = region_library()
+    if found is None or header.sampling not in REGION_SAMPLINGS:
+        return None
+    height, width = -(-header.height // factor), -(-header.width // factor)
+    left, top, right, bottom = box
+    if not (0 <= left < right <= width and 0 <= top < bottom <= height):
+        raise ValueError(f"the box {box} is not inside the {width}x{height} image")
+    channels = header.components
+    buffer = _buffer(height * width * channels)
+    # a column of margin either side: libjpeg upsamples a crop's edge columns as it does the image's
+    status, _ = found.decode_region(data, header.width, header.height, channels, factor, max(0, left - 1), top,
+                                    min(width, right + 1), bottom, buffer)
+    if status != 0:
+        return None
+    return buffer[:height * width * channels].reshape(height, width, channels)
+
+
+def region_library() -> _core.JpegLibrary | None:
+    """The :func:`library`, where it has the scanline calls :func:`decode_region` needs and
+    crops and skips as a full decode makes the pixels (a small 4:2:0 image, at two scales,
+    checked once per library); else None (every JPEG is then decoded whole)."""
+    found = library()
+    return found if found is not None and found.scanlines and _crops_correctly(found) else None
+
+
+@lru_cache(maxsize=2)
+def _crops_correctly(found: _core.JpegLibrary) -> bool:
+    """Whether ``found`` decodes a region of a small 4:2:0 JPEG as Pillow decodes all of it."""
+    import io
+
+    from PIL import Image
+
+    rows, columns = np.mgrid[0:45, 0:61]
+    image = Image.fromarray(np.stack([rows * 5, columns * 4, (rows * columns) % 251], axis=2).astype(np.uint8))
+    encoded = io.BytesIO()
+    image.save(encoded, "JPEG", quality=90, subsampling=2)
+    data = encoded.getvalue()
+    for factor, (left, top, right, bottom) in ((1, (21, 19, 50, 40)), (2, (5, 9, 27, 20))):
+        expected = Image.open(io.BytesIO(data))
+        expected.draft("RGB", (61 // factor, 45 // factor))
+        height, width = -(-45 // factor), -(-61 // factor)
+        buffer = np.zeros(height * width * 3, np.uint8)
+        status, _ = found.decode_region(data, 61, 45, 3, factor, left - 1, top, right + 1, bottom, buffer)
+        got = buffer.reshape(height, width, 3)[top:bottom, left:right]
+        if status != 0 or not np.array_equal(got, np.asarray(expected)[top:bottom, left:right]):
+            log.debug("%s does not crop and skip scanlines as it decodes them; JPEGs are decoded whole", found.path)
+            return False
+    return True
+
+
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """A view of stored ``pixels`` as EXIF ``orientation`` says they are seen (what Pillow's
     ``ImageOps.exif_transpose`` makes, without a copy)."""
@@ -356,5 +428,5 @@ def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
     return pixels
 
 
-__all__ = ["LIBJPEG_ENV", "JpegHeader", "decode", "decode_planes", "draft_factor", "library", "planar", "read_header",
-           "upright"]
+__all__ = ["LIBJPEG_ENV", "REGION_SAMPLINGS", "JpegHeader", "decode", "decode_planes", "decode_region", "draft_factor",
+           "library", "planar", "read_header", "region_library", "upright"]

@@ -1,6 +1,9 @@
 """Benchmark: JPEG bytes to a finished batch slot, per core, against the usual alternatives.
 
-    python tools/bench/bench_image.py [--images 200] [--repeat 7] [--width 500 --height 375] [--out 224]
+    PYTHONPATH=. python tools/bench/bench_image.py [--images 200] [--repeat 7] [--width 500 --height 375] [--out 224]
+
+(``PYTHONPATH=.`` from the checkout's root: a script's own folder comes first on ``sys.path``,
+so without it the hydrax installed in the environment is measured, not the checkout's.)
 
 Needs ``opencv-python-headless`` besides hydrax's image extra (Pillow, simplejpeg). Generates
 ``--images`` photo-like JPEGs (q90, about 60 kB at 500x375: coarse colour structure with fine
