@@ -102,6 +102,16 @@ static void hx_jpeg_emit_message(void *cinfo, int level)
         longjmp(((hx_jpeg_job *)cinfo)->jump, 1);
 }
 
+/* A fresh job whose error manager jumps back to the caller's setjmp on any error or warning
+ * (the setjmp itself must stay in the caller's frame). */
+static void hx_jpeg_clear(const hx_jpeg_api *api, hx_jpeg_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    HX_JPEG_FIELD(job, void *, HX_JPEG_ERR) = api->std_error(job->err.bytes);
+    *(void (**)(void *))(job->err.bytes + HX_JPEG_ERROR_EXIT) = hx_jpeg_error_exit;
+    *(void (**)(void *, int))(job->err.bytes + HX_JPEG_EMIT_MESSAGE) = hx_jpeg_emit_message;
+}
+
 /* Opens the library at path and finds its entry points: 0, or 1 with api->handle NULL. */
 static int hx_jpeg_bind(const char *path, hx_jpeg_api *api)
 {
@@ -166,10 +176,7 @@ static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
 {
     volatile int created = 0;
     volatile int status = 2;
-    memset(job, 0, sizeof(*job));
-    HX_JPEG_FIELD(job, void *, HX_JPEG_ERR) = api->std_error(job->err.bytes);
-    *(void (**)(void *))(job->err.bytes + HX_JPEG_ERROR_EXIT) = hx_jpeg_error_exit;
-    *(void (**)(void *, int))(job->err.bytes + HX_JPEG_EMIT_MESSAGE) = hx_jpeg_emit_message;
+    hx_jpeg_clear(api, job);
     if (setjmp(job->jump)) {
         if (created)
             api->destroy(job->cinfo.bytes);
@@ -238,10 +245,7 @@ static int hx_jpeg_region(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
     *first_column = left;
     if (api->read_scanlines == NULL || api->skip_scanlines == NULL || api->crop_scanline == NULL)
         return 2;
-    memset(job, 0, sizeof(*job));
-    HX_JPEG_FIELD(job, void *, HX_JPEG_ERR) = api->std_error(job->err.bytes);
-    *(void (**)(void *))(job->err.bytes + HX_JPEG_ERROR_EXIT) = hx_jpeg_error_exit;
-    *(void (**)(void *, int))(job->err.bytes + HX_JPEG_EMIT_MESSAGE) = hx_jpeg_emit_message;
+    hx_jpeg_clear(api, job);
     if (setjmp(job->jump)) {
         if (created)
             api->destroy(job->cinfo.bytes);
