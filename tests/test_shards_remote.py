@@ -411,8 +411,12 @@ def test_chunks_come_as_batches_need_them_within_a_budget_far_below_the_data(pro
     assert sorted(c for _, _, cls in seen for c in cls) == list(range(72))
     gets = [r for r in proxy.requests_matching(r"\.tar$", method="GET")]
     singles = [r for r in gets if r.body_bytes < 2 * (1 << 20)]
-    assert 1 <= len(singles) and sum(r.body_bytes for r in singles) <= URGENT_BYTES + (2 << 20)
-    assert sum(r.body_bytes for r in gets) <= total + URGENT_BYTES + (2 << 20)
+    # the fetcher's urgent singles pass URGENT_BYTES by at most one sample; on a busy machine a
+    # worker can also reach a sample before the fetcher starts on it and read it itself (read-ahead
+    # never blocks): up to a batch (8 samples) of those
+    slack = 9 * ((1 << 20) + 1536)
+    assert 1 <= len(singles) and sum(r.body_bytes for r in singles) <= URGENT_BYTES + slack
+    assert sum(r.body_bytes for r in gets) <= total + URGENT_BYTES + slack
     assert large.readahead_stats["evicted"] == 0
 
 
