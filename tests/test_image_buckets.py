@@ -180,12 +180,21 @@ def test_bad_arguments_are_refused_naming_them(kwargs, message):
 
 
 def test_bad_sizes_are_refused_naming_the_image():
-    with pytest.raises(ValueError, match=r"widths\[1\] is -4"):
+    with pytest.raises(ValueError, match=r"widths\[1\] is -4: a size is a number of pixels"):
         plan_buckets([10, -4], [10, 10], pixels=1 << 16, batch_size=1)
     with pytest.raises(ValueError, match="one length"):
         plan_buckets([10, 4], [10], pixels=1 << 16, batch_size=1)
     with pytest.raises(ValueError, match="integers"):
         plan_buckets([10.5], [10.0], pixels=1 << 16, batch_size=1)
+
+
+def test_images_larger_than_a_jpeg_go_to_the_bucket_of_their_aspect():
+    widths = np.array([100_000, 2**31 - 1, 70_000, 64], np.int32)
+    heights = np.array([50_000, 2**30, 140_000, 64], np.int32)
+    shapes = [(512, 1024), (1024, 1024), (1024, 512)]
+    plan = plan_buckets(widths, heights, resolutions=shapes, batch_size=1, remainder="drop")
+    assert plan.assignment.tolist() == [2, 2, 0, 1]
+    assert [reference_nearest(int(w), int(h), shapes) for w, h in zip(widths, heights)] == [2, 2, 0, 1]
 
 
 def test_a_million_images_plan_in_seconds():

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 #: The widest aspect ratio (long side over short side) :func:`bucket_resolutions` makes by default.
 DEFAULT_MAX_RATIO = 4.0
-#: Images are compared in 64-bit integers: sides up to this many pixels (a JPEG's limit).
+#: Images are compared in 64-bit integers: sides up to this many pixels (a JPEG's limit); larger
+#: sizes (a PNG's can be) are scaled down to it, keeping their aspect.
 MAX_IMAGE_SIDE = 65535
 #: Bucket sides up to this many pixels keep those products within 64 bits.
 MAX_BUCKET_SIDE = 1 << 14
@@ -163,7 +164,8 @@ def plan_buckets(widths, heights, *, resolutions=None, pixels: int | None = None
                  remainder: str = "spill") -> BucketPlan:
     """Assign every image to an aspect-ratio bucket (see the module's docstring for the steps).
 
-    :param widths: each image's upright width (an array or sequence; 0 for an image without a size).
+    :param widths: each image's upright width (an array or sequence; 0 for an image without a
+        size), as :meth:`hydrax.shards.ShardSet.image_sizes` gives them.
     :param heights: each image's upright height, as ``widths``.
     :param resolutions: the buckets' ``(width, height)`` slot sizes; or, instead,
     :param pixels: a pixel budget: the resolutions of :func:`bucket_resolutions` (``pixels``,
@@ -256,9 +258,16 @@ def _sizes(widths, heights) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"widths and heights must be integers, got {widths.dtype} and {heights.dtype}")
     widths, heights = widths.astype(np.int64), heights.astype(np.int64)
     for name, values in (("widths", widths), ("heights", heights)):
-        if len(values) and (values.min() < 0 or values.max() > MAX_IMAGE_SIDE):
-            bad = int(np.flatnonzero((values < 0) | (values > MAX_IMAGE_SIDE))[0])
-            raise ValueError(f"{name}[{bad}] is {int(values[bad])}: sizes are 0 (unknown) to {MAX_IMAGE_SIDE} pixels")
+        if len(values) and values.min() < 0:
+            bad = int(np.flatnonzero(values < 0)[0])
+            raise ValueError(f"{name}[{bad}] is {int(values[bad])}: a size is a number of pixels (0: unknown)")
+    large = np.maximum(widths, heights) > MAX_IMAGE_SIDE
+    if large.any():
+        # a PNG can be 2**31 pixels wide: shrink those sizes, both sides by one whole factor, so the
+        # comparisons stay within 64 bits (the aspect moves by less than a part in 65,535)
+        factor = -(-np.maximum(widths[large], heights[large]) // MAX_IMAGE_SIDE)
+        widths[large] = np.maximum(1, (widths[large] + factor // 2) // factor)
+        heights[large] = np.maximum(1, (heights[large] + factor // 2) // factor)
     return widths, heights
 
 
