@@ -355,12 +355,12 @@ def _region_pixels(view: memoryview, header: jpeg.JpegHeader, region: tuple[int,
     """An upright JPEG decoded at 1/``factor`` with only the pixels that resizing the random
     resized crop's ``region`` reads (:func:`hydrax.image.jpeg.decode_region`); None where the
     plane path is quicker (see :data:`REGION_SHARE`) or the region decoder declines the file."""
-    scaled_w, scaled_h = -(-header.width // factor), -(-header.height // factor)
-    read = pixels_read(scaled_w, scaled_h, _scaled_box(region, factor, header.width, header.height, 1), out_w, out_h,
-                       kind)
     left, top, right, bottom = region
     if factor == 1 and (right - left) * (bottom - top) >= REGION_SHARE * header.width * bottom and jpeg.planar(header):
         return None
+    scaled_w, scaled_h = -(-header.width // factor), -(-header.height // factor)
+    read = pixels_read(scaled_w, scaled_h, _scaled_box(region, factor, header.width, header.height, 1), out_w, out_h,
+                       kind)
     if not (read[0] < read[2] and read[1] < read[3]):  # (the taps always read a pixel; nothing to decode otherwise)
         return None
     return jpeg.decode_region(view, header, factor, read)

@@ -338,10 +338,10 @@ def _sizes_field(indexes: Sequence[ShardIndex]) -> str | None:
 def _pieces(indexes: Sequence[ShardIndex], renumber: list, small: dict[str, np.ndarray], name: str):
     """The array ``name`` of the file, in pieces of consecutive shards (about :data:`_CHUNK` items each)."""
     if name in ("width", "height"):
-        column = 1 if name == "width" else 2  # of a SizeColumn
 
         def part(n: int) -> np.ndarray:
-            return indexes[n].sizes[column]
+            sizes = indexes[n].sizes
+            return sizes.widths if name == "width" else sizes.heights
     else:
         column = _FROM_SHARDS[name]
 
