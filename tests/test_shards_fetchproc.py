@@ -59,6 +59,54 @@ def test_remote_reads_come_from_a_fetch_process_not_the_training_process(proxied
     assert not os.path.exists(root) and not fetch_processes()
 
 
+def scheduling(pid: int) -> set[tuple[int, int]]:
+    """{(nice, policy)} over the threads of process ``pid`` (from ``/proc``; empty once it is gone)."""
+    found = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found.add((int(fields[16]), int(fields[38])))  # stat's fields 19 (nice) and 41 (policy)
+    return found
+
+
+@pytest.mark.parametrize("fetch_nice", [None, 0, 7])
+def test_fetch_processes_yield_the_cpu_to_the_training_process(proxied, tmp_path, fetch_nice):
+    """By default every thread of a fetch process runs at nice 19 under SCHED_BATCH (it does not
+    preempt the training process when its data arrives); ReadAhead(fetch_nice=N) sets the nice,
+    0 keeps the training process's priority and policy. The loaders and the training process keep
+    theirs (loader_nice is the loaders' own setting)."""
+    from hydrax.shards.readahead import ReadAhead
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=4, per_shard=40, options=options)
+    readahead = ReadAhead() if fetch_nice is None else ReadAhead(fetch_nice=fetch_nice)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=readahead)
+    proxy.delay = 0.05  # the run lasts long enough to look at the processes in it
+    here = scheduling(os.getpid())
+    fetchers, loaders, seen = set(), set(), []
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            import multiprocessing as mp
+
+            for child in mp.active_children():
+                (fetchers if child.name == "hydrax-fetch" else loaders).update(scheduling(child.pid))
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+    dataset.close()
+    assert sorted(seen) == list(range(160))
+    expected = {(0, 0)} if fetch_nice == 0 else {(19 if fetch_nice is None else fetch_nice, 3)}  # 3: SCHED_BATCH
+    assert fetchers == expected
+    assert loaders == {(0, 0)} and scheduling(os.getpid()) == here == {(0, 0)}
+
+
 def run_killing_the_fetch_process(dataset, on_kill=lambda: None, only_one: bool = False) -> tuple[list, list, float]:
     """One shuffled epoch of ``dataset`` (10-sample batches, 2 loaders) in which the fetch process
     (or, ``only_one``, one of a pool's) is SIGKILLed after the first batch that finds it running
@@ -203,3 +251,76 @@ def test_a_thread_takes_over_from_fetch_processes_that_keep_dying(proxied, tmp_p
     ranged = proxy.requests_matching(r"\.tar$", method="GET", ranged=True)
     assert ranged and len(ranged) < 240 / 4  # chunks and coalesced runs, not a request per sample
     dataset.close()
+
+
+def test_a_runs_first_batch_is_read_before_the_rest_of_its_burst_is_planned(proxied, tmp_path):
+    """A run's first message to the fetcher announces its whole look-ahead (hundreds of batches,
+    20-60 ms of planning): the first batch's reads start before the second batch is even
+    announced to the planner, and every announced batch is still planned, in order."""
+    import time as clock
+
+    from hydrax.shards.readahead import Fetcher, ReadAhead
+    from hydrax.shards.router import store_for
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=4, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    events = []
+
+    class Watched(Fetcher):
+        def _announce(self, key, *rest):
+            events.append(("announce", key))
+            super()._announce(key, *rest)
+
+        async def _read_run(self, shard, run):
+            events.append(("read", shard))
+            await super()._read_run(shard, run)
+
+    root = str(tmp_path / "readahead")
+    os.makedirs(root)
+    fetcher = Watched(ReadAhead(max_bytes=64 << 20), root, dataset.layout, dataset.layout_async,
+                      lambda s: store_for(dataset.urls[s], dataset.options))
+    items = np.arange(len(dataset))
+    burst = []
+    for key, first in enumerate(range(0, len(items), 10), start=1):
+        shards, samples = dataset.locate(items[first : first + 10])
+        burst.append(("announce", key, shards, samples, "random"))
+    try:
+        fetcher.update(burst)
+        deadline = clock.monotonic() + slack(10)
+        while len([e for e in events if e[0] == "announce"]) < len(burst) and clock.monotonic() < deadline:
+            clock.sleep(0.01)
+        announced = [key for kind, key in events if kind == "announce"]
+        assert announced == list(range(1, len(burst) + 1))
+        first_read = next(i for i, e in enumerate(events) if e[0] == "read")
+        assert first_read < events.index(("announce", 2)), events[:5]
+    finally:
+        fetcher.close()
+        dataset.close()
+
+
+def test_the_first_batchs_indexes_are_loaded_once_before_the_fetch_process_starts(proxied, tmp_path):
+    """load_first_indexes: the training process loads the indexes of the first batch's shards
+    (while it waits for the fork server) into the local index cache, where the fetch process and
+    the workers find them: each index object is read from the store once in the whole run; a
+    shard whose index cannot load is left to the processes that need it."""
+    from hydrax.shards.fetchproc import load_first_indexes
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=6, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.clear()
+    load_first_indexes(dataset, [0, 1, 10**6])  # 10**6: no such shard, ignored
+    assert len(proxy.requests_matching(r"\.hidx$", method="GET")) == 2
+    assert {0, 1} <= set(dataset._layouts)
+    proxy.clear()
+    seen = []
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+    dataset.close()
+    assert sorted(seen) == list(range(240))
+    index_reads = [r.path for r in proxy.requests_matching(r"\.hidx$", method="GET")]
+    assert len(index_reads) == len(set(index_reads)) <= 4, index_reads  # shards 0 and 1 were loaded before

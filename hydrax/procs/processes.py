@@ -413,6 +413,20 @@ def die_with_parent() -> None:
         pass
 
 
+def run_behind(nice: int) -> None:
+    """Let this process yield its cores to the training process: Linux's ``SCHED_BATCH`` policy
+    (waking up, it does not preempt a process that is running) and ``os.nice(nice)``. Both hold for
+    the calling thread and the threads it starts afterwards, so a helper calls this first, before
+    it starts any. ``nice`` 0 changes nothing. A refusal (not Linux, a sandbox) is logged at DEBUG."""
+    if nice <= 0:
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        os.nice(nice)
+    except (OSError, AttributeError) as exc:
+        log.debug("[hydrax] this helper keeps its CPU priority: %s", exc)
+
+
 #: glibc malloc settings in workers: blocks below 16 MiB come from the heap, and up to 32 MiB of
 #: free heap is kept. By default glibc maps and unmaps each large block (a decoded image, say) and
 #: trims the heap after it, so every item pays for fresh pages: JPEG decoding ran at 0.45x

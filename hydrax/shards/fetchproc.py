@@ -26,6 +26,7 @@ between the pool, the process and the thread, in one place.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -37,12 +38,12 @@ import signal
 import threading
 import time
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..procs.processes import (adopt_environment, die_with_parent, environment_snapshot, helpers_allowed, release_fork_server,
-                         warm_forkserver)
+                               run_behind, warm_forkserver)
 from .readahead.budget import MIN_BUDGET
 from .readahead.fetcher import EMPTY_STATS, Fetcher
 from .readahead.folders import held_files
@@ -65,6 +66,9 @@ STATS_WAIT_S = 10.0
 CLOSE_WAIT_S = 5.0
 #: The messages the sending thread gathers into one (see :meth:`Fetcher.update <hydrax.shards.readahead.fetcher.Fetcher.update>`).
 UPDATES = ("announce", "release")
+#: The most shards whose indexes the training process loads before its first fetch process starts
+#: (:func:`load_first_indexes`): a fully shuffled first batch reads one shard per sample.
+FIRST_INDEXES = 64
 
 
 ThreadFetcher = Callable[[ReadAhead, "dict[str, int] | None"], Fetcher]
@@ -72,14 +76,16 @@ ThreadFetcher = Callable[[ReadAhead, "dict[str, int] | None"], Fetcher]
 
 def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
                  thread_fetcher: ThreadFetcher, count: int = 1, sizes: np.ndarray | None = None,
-                 held_urls: dict[str, str] | None = None) -> Any:
+                 held_urls: dict[str, str] | None = None, first: Sequence[int] = ()) -> Any:
     """The read-ahead of ``shards`` (a ShardSet, whose pickle each fetch process gets): a
     :class:`FetchProcess`, or a :class:`FetchPool` of ``count`` of them (``sizes``: the shards'
     bytes; ``held_urls``: the shard URL of each folder of the files ``held``), where
     :func:`~hydrax.procs.processes.helpers_allowed` allows it and they start; else the Fetcher thread
     ``thread_fetcher(options, held)`` makes (which also takes over from a fetch process that
-    keeps dying, given the files it held)."""
+    keeps dying, given the files it held). The indexes of the shards ``first`` (those of the
+    first batch announced) are loaded before, see :func:`load_first_indexes`."""
     if helpers_allowed():
+        load_first_indexes(shards, first)
         try:
             if count > 1:
                 return FetchPool(shards, options, root, held, thread_fetcher, count, sizes, held_urls or {})
@@ -87,6 +93,25 @@ def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int
         except Exception as exc:  # noqa: BLE001  (any failure to start: the thread still reads ahead)
             log.warning("[hydrax] read-ahead runs in the training process (its fetch process did not start: %s)", exc)
     return thread_fetcher(options, held)
+
+
+def load_first_indexes(shards: Any, first: Sequence[int]) -> None:
+    """Load the indexes of the shards ``first`` (at most :data:`FIRST_INDEXES`) here, all at once
+    from an event loop in a thread of its own, so that they are in the local index cache when the
+    fetch process and the workers start: each would otherwise load them before the first batch's
+    reads. The training process reads only these index objects, no sample, while it waits for
+    the fork server anyway. One that fails to load is left to the processes that need it, which
+    report why."""
+    wanted = [int(s) for s in first[:FIRST_INDEXES]]
+    if not wanted:
+        return
+
+    async def load() -> None:
+        await asyncio.gather(*(shards.layout_async(s) for s in wanted), return_exceptions=True)
+
+    loader = threading.Thread(target=asyncio.run, args=(load(),), name="hydrax-first-indexes", daemon=True)
+    loader.start()
+    loader.join()
 
 
 def shard_owner(url: str, count: int) -> int:
@@ -188,6 +213,7 @@ class FetchProcess:
     def _send_loop(self, outbox: queue.SimpleQueue, connection) -> None:
         """The sending thread: the training process never waits for the fetch process to read.
         Ends the fetch process once nothing is announced for :data:`IDLE_S`."""
+        first = True
         while True:
             try:
                 message = outbox.get(timeout=IDLE_S)
@@ -203,6 +229,9 @@ class FetchProcess:
             updates = []
             while message and message[0] in UPDATES:
                 updates.append(message)
+                if first:  # the first batch's announcement goes alone: its reads start before the burst is read
+                    first, message = False, ()
+                    break
                 try:
                     message = outbox.get_nowait()
                 except queue.Empty:
@@ -429,6 +458,7 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, seeded: dict[str, 
                commands, replies, environ: dict[str, str]) -> None:
     """Body of the fetch process: a Fetcher for its copy of the ShardSet, fed by ``commands``
     until ``("close",)`` or the training process goes."""
+    run_behind(options.fetch_nice)  # first: the threads the fetcher starts inherit it
     adopt_environment(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     die_with_parent()

@@ -397,7 +397,7 @@ class ShardSet(Sequence["SampleRef"]):
                 lambda settings, found: Fetcher(settings, root, lambda s: me().layout(s), lambda s: me().layout_async(s),
                                                 lambda s: store_for(me().urls[s], me().options), found),
                 count=fetch_process_count(options, int(self._remote.sum())), sizes=self._table.sizes,
-                held_urls=seeder.urls if seeder is not None else None)
+                held_urls=seeder.urls if seeder is not None else None, first=np.unique(shards[remote]))
             # Closed before the private folder goes (whichever finalizer runs first): a fetch
             # process still writing would make it again.
             private = self._root if self.readahead.cache_dir is None else None

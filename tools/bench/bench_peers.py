@@ -6,9 +6,15 @@ random bytes) are served three ways from one folder by ``rangeserver.py`` (a fil
 speaks enough S3 for all three loaders and costs little CPU, unlike moto, which copies the whole
 object for every ranged GET): WebDataset tars with hydrax's index objects and folder summary
 (written by ``publish_indexes`` through the server), LitData's optimized chunks and MDS shards
-(converted by ``peers/run_peer.py``). ``tests/support/netproxy.py`` adds the delay in front of it,
-in a process of its own, as the server is: nothing of the store's side shares a process (or the
-GIL) with a loader.
+(converted by ``peers/run_peer.py``). The delay is the server's own (``--delay-at server``, the
+default: every answer waits that long after its request arrived, then goes out with
+``sendfile``), or ``tests/support/netproxy.py``'s in front of it (``--delay-at proxy``: a Python
+process that copies every byte and costs this machine more CPU than the loaders it measures,
+which is how the storage guide's earlier tables were made). Either way the store is processes of its
+own: nothing of it shares a process (or the GIL) with a loader. It stands for machines elsewhere,
+so it runs under Linux's ``SCHED_IDLE`` policy (``--store-priority idle``, the default): on what
+the processes measured leave of the cores, not taking turns with the training process. Its CPU
+per GB is printed with the loaders', so a reader sees what the stand-in for the network took.
 
 Every run is a new process, from an empty cache (in ``/dev/shm``, where hydrax's read-ahead
 keeps its files too; the page cache is flushed between runs), 2 loader processes each, one epoch in which
@@ -44,7 +50,7 @@ Contenders (the peers run in their own venv, see ``peers/README.md``):
 - webdataset's tar pipeline in one process, plain GETs (``--webdataset``).
 
     python tools/bench/bench_peers.py [--shards 32 --per-shard 512 --sample-bytes 100000]
-        [--delays 0.02 0.05] [--repeat 3] [--peers-python /tmp/peers-venv/bin/python] [--streaming]
+        [--delays 0.02 0.05] [--delay-at server|proxy] [--store-priority idle|normal] [--repeat 3] [--peers-python /tmp/peers-venv/bin/python] [--streaming]
 """
 
 from __future__ import annotations
@@ -70,6 +76,16 @@ KEYS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "u
 BUCKET = "bench"
 
 
+def process_cpu(pid: int) -> float:
+    """The CPU seconds process ``pid`` has used so far (0 once it is gone), from ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def copy_sample(sample, arrays, seed):
     data = sample["bin"]
     arrays["bin"][: len(data)] = np.frombuffer(data, np.uint8)
@@ -89,15 +105,9 @@ def children_cpu(seen: dict[tuple[str, int], float]) -> None:
     processes (loaders, fetch and indexing processes) has used so far, from ``/proc``."""
     import multiprocessing as mp
 
-    tick = os.sysconf("SC_CLK_TCK")
     for child in mp.active_children():
-        try:
-            with open(f"/proc/{child.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
         kind = child.name.rstrip("0123456789-")
-        seen[(kind, child.pid)] = max(seen.get((kind, child.pid), 0.0), (int(fields[11]) + int(fields[12])) / tick)
+        seen[(kind, child.pid)] = max(seen.get((kind, child.pid), 0.0), process_cpu(child.pid))
 
 
 def hydrax_run(args) -> None:
@@ -197,9 +207,13 @@ def webdataset_run(args) -> None:
 
 # -- the harness ---------------------------------------------------------------------------------
 
-def start(command: list[str]) -> tuple[subprocess.Popen, str]:
-    """Start a server process that prints its address on its first line; (process, that line)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def start(command: list[str], idle: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start a server process that prints its address on its first line; (process, that line).
+    ``idle``: under Linux's ``SCHED_IDLE`` policy, so it runs on what the machine leaves."""
+    def behind() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, preexec_fn=behind if idle else None)
     line = process.stdout.readline().strip()
     if not line:
         process.kill()
@@ -216,7 +230,7 @@ def prepare(args, folder: str) -> tuple[subprocess.Popen, str]:
     from hydrax.shards.options import StoreOptions
     from hydrax.shards.publish import publish_indexes
 
-    served = os.path.join(folder, "served")
+    served = args.served = os.path.join(folder, "served")
     train = os.path.join(served, BUCKET, "train")
     os.makedirs(train)
     args.tars = os.path.join(folder, "tars")
@@ -227,7 +241,7 @@ def prepare(args, folder: str) -> tuple[subprocess.Popen, str]:
     for path in paths:
         os.link(path, os.path.join(train, os.path.basename(path)))
         os.link(path, os.path.join(raw, os.path.basename(path)))
-    server, line = start([sys.executable, str(HERE / "rangeserver.py"), served, "--port", "0"])
+    server, line = start([sys.executable, str(HERE / "rangeserver.py"), served, "--port", "0"], args.store_priority == "idle")
     endpoint = line.split()[-1]
     publish_indexes([f"s3://{BUCKET}/train/*.tar"], StoreOptions(s3=S3Options(endpoint_url=endpoint, **KEYS)))
     for form, name, case in (("litdata", "lit", "LitData"), ("mds", "mds", "MosaicML")):
@@ -283,13 +297,14 @@ def bytes_served(server: str) -> int:
         return json.load(answer)["bytes"]
 
 
-def run_case(command: list[str], total: int, server: str) -> dict:
+def run_case(command: list[str], total: int, server: str, store: list[subprocess.Popen]) -> dict:
     # The peers' local copies go to memory, as hydrax's read-ahead does: on a disk their
     # writeback would go on into the next run. What is written is flushed before the next.
     cache = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     if "run_peer.py" in command[1]:
         command = command + ["--cache", os.path.join(cache, "c")]
     served = bytes_served(server)
+    store_cpu = sum(process_cpu(p.pid) for p in store)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     finally:
@@ -300,12 +315,31 @@ def run_case(command: list[str], total: int, server: str) -> dict:
         raise RuntimeError(f"{' '.join(command[:4])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     record = json.loads(lines[-1])
     record["fetched_bytes"] = bytes_served(server) - served
+    record["store_cpu_s"] = sum(process_cpu(p.pid) for p in store) - store_cpu
     distinct = record.get("distinct", record["samples"])
     # hydrax's batches are whole (the last partial batch of an epoch is dropped, as in 0.2.2)
     expected = total - total % 32 if "--hydrax-run" in command else total
     if record["samples"] != expected or distinct != expected:
         raise RuntimeError(f"{command[:4]}: {record['samples']} samples, {distinct} distinct, expected {expected} once each")
     return record
+
+
+def delayed_stores(args, endpoint: str, processes: list) -> list[tuple[str, str, list[subprocess.Popen]]]:
+    """For each of ``args.delays``: (the URL the loaders read, the URL that counts the bytes sent,
+    the store's processes), with the delay in a server of its own over the same folder, or in one
+    proxy in front of ``endpoint`` (``processes[0]``, the server ``prepare`` started)."""
+    if args.delay_at == "proxy":
+        proxy, line = start([sys.executable, str(ROOT / "tests" / "support" / "netproxy.py"), endpoint.split("//")[1]]
+                            + [f"--delay={d}" for d in args.delays], args.store_priority == "idle")
+        processes.append(proxy)
+        return [(f"http://127.0.0.1:{port}", endpoint, [processes[0], proxy]) for port in line.split()[2:]]
+    stores = []
+    for delay in args.delays:
+        server, line = start([sys.executable, str(HERE / "rangeserver.py"), args.served, "--port", "0", "--delay", str(delay)],
+                             args.store_priority == "idle")
+        processes.append(server)
+        stores.append((line.split()[-1], line.split()[-1], [server]))
+    return stores
 
 
 def main() -> None:
@@ -318,6 +352,10 @@ def main() -> None:
     parser.add_argument("--peers-python", default="/tmp/peers-venv/bin/python")
     parser.add_argument("--streaming", action="store_true", help="MosaicML Streaming too (about 30 s a run)")
     parser.add_argument("--webdataset", action="store_true", help="webdataset in one process too")
+    parser.add_argument("--delay-at", choices=("server", "proxy"), default="server",
+                        help="where the delay is added: in the file server, or in netproxy.py in front of it")
+    parser.add_argument("--store-priority", choices=("idle", "normal"), default="idle",
+                        help="the store's processes under SCHED_IDLE (they stand for machines elsewhere), or as any process")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between runs")
     parser.add_argument("--budgets", type=int, nargs="+", help="hydrax fully shuffled with these read-ahead budgets (MiB) too")
     parser.add_argument("--fetch-processes", type=int, nargs="+",
@@ -354,21 +392,20 @@ def main() -> None:
         server, endpoint = prepare(args, folder)
         processes.append(server)
         os.sync()
-        proxy, line = start([sys.executable, str(ROOT / "tests" / "support" / "netproxy.py"), endpoint.split("//")[1]]
-                            + [f"--delay={d}" for d in args.delays])
-        processes.append(proxy)
-        ports = line.split()[2:]
+        stores = delayed_stores(args, endpoint, processes)
         total = args.shards * args.per_shard
         size = sum(os.path.getsize(os.path.join(args.tars, n)) for n in os.listdir(args.tars))
+        where = ("behind netproxy.py" if args.delay_at == "proxy" else "with the delay in the server") + (
+            ", under SCHED_IDLE" if args.store_priority == "idle" else "")
         print(f"{args.shards} shards x {args.per_shard} samples x {args.sample_bytes:,} bytes ({size / 1e9:.2f} GB), "
-              f"served by rangeserver.py behind netproxy.py, {os.cpu_count()} cores")
+              f"served by rangeserver.py {where}, {os.cpu_count()} cores")
         print()
         print("| delay | loader | samples/s | vs webdataset | vs LitData | first batch | training process CPU s/GB "
               "| fetched / data | load average | runs (samples/s) |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         steps_table, cpu_table = [], []
-        for delay, port in zip(args.delays, ports):
-            named = cases(args, f"http://127.0.0.1:{port}")
+        for delay, (url, stats_url, store) in zip(args.delays, stores):
+            named = cases(args, url)
             if args.only:
                 named = {k: v for k, v in named.items() if any(k.startswith(o) for o in args.only)}
             results: dict[str, list[dict]] = {name: [] for name in named}
@@ -378,7 +415,7 @@ def main() -> None:
                 # (a run's teardown, the page cache it leaves), and settles first.
                 for name in order[repeat % len(order):] + order[: repeat % len(order)]:
                     time.sleep(args.settle)
-                    record = run_case(named[name], total, endpoint)
+                    record = run_case(named[name], total, stats_url, store)
                     record["rate"] = record["samples"] / record["seconds"]
                     results[name].append(record)
 
@@ -400,8 +437,8 @@ def main() -> None:
         if cpu_table:
             print("\nCPU seconds per GB delivered, by process kind (medians over runs; loaders together):\n")
             print("| delay | hydrax | training process | training process after the first batch | fetch process "
-                  "| indexing processes | loaders |")
-            print("|---|---|---|---|---|---|---|")
+                  "| indexing processes | loaders | the store (server and proxy) |")
+            print("|---|---|---|---|---|---|---|---|")
             for delay, name, runs in cpu_table:
                 def per_gb(kind, runs=runs):
                     values = [(r["training_cpu_s"] if kind is None else r["helpers_cpu_s"].get(kind, 0.0))
@@ -409,7 +446,8 @@ def main() -> None:
                     return f"{statistics.median(values):.2f}"
                 steady = statistics.median(r["training_cpu_steady_s"] / r["steady_bytes"] * 1e9 for r in runs)
                 print(f"| {delay * 1000:.0f} ms | {name} | {per_gb(None)} | {steady:.2f} | {per_gb('hydrax-fetch')} "
-                      f"| {per_gb('hydrax-index')} | {per_gb('hydrax-loader')} |")
+                      f"| {per_gb('hydrax-index')} | {per_gb('hydrax-loader')} "
+                      f"| {statistics.median(r['store_cpu_s'] / r['delivered_bytes'] * 1e9 for r in runs):.2f} |")
         if steps_table:
             print("\nThe training step (fixed pure-Python work after each batch), milliseconds; medians over runs:\n")
             print("| delay | beside | mean | p90 | p99 | load average |")

@@ -49,9 +49,14 @@ From Python::
     ...
     server.shutdown(); server.server_close()
 
+``delay`` (``--delay`` from the shell) holds every answer that many seconds from the moment its
+request's head arrived: the first-byte latency of a store that far away, without a proxy process
+copying every byte (which costs this machine more CPU than the loaders it measures). The body
+still goes out with ``sendfile``; each connection answers one request at a time, as a store does.
+
 From the shell (prints ``serving DIR on http://127.0.0.1:PORT``)::
 
-    python tools/bench/rangeserver.py DIR --port 8000 [--host 127.0.0.1]
+    python tools/bench/rangeserver.py DIR --port 8000 [--host 127.0.0.1] [--delay 0.02]
 
 Standard library only.
 """
@@ -233,11 +238,18 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
     root = "."  # set by serve()
     lock = threading.Lock()  # serializes writes' checks and renames; serve() gives each server its own
     timeout = 120  # an idle keep-alive connection is closed after this many seconds
+    delay = 0.0  # seconds each answer waits after its request's head arrived; set by serve()
 
     def log_message(self, format, *args):  # quiet: a benchmark makes thousands of requests
         pass
 
     # -- the request ---------------------------------------------------------------------------
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed and self.delay > 0 and self.path != STATS_PATH:
+            time.sleep(self.delay)  # the head has just been read: the store's first-byte latency
+        return parsed
+
     def _split(self) -> tuple[str, str, dict[str, str]]:
         """(bucket, key, query): the first path segment, the rest, and the query's last values."""
         url = urllib.parse.urlsplit(self.path)
@@ -845,10 +857,13 @@ class _Server(http.server.ThreadingHTTPServer):
         super().server_bind()
 
 
-def serve(folder: str, port: int = 0, host: str = "127.0.0.1") -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
+def serve(folder: str, port: int = 0, host: str = "127.0.0.1",
+          delay: float = 0.0) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
     """Serve ``folder`` on ``host:port`` (0: a free port, see ``server.server_port``) from a daemon
-    thread; stop with ``server.shutdown(); server.server_close()``."""
-    handler = type("Handler", (RangeHandler,), {"root": os.path.abspath(folder), "lock": threading.Lock()})
+    thread, each answer ``delay`` seconds after its request; stop with ``server.shutdown();
+    server.server_close()``."""
+    handler = type("Handler", (RangeHandler,), {"root": os.path.abspath(folder), "lock": threading.Lock(),
+                                                "delay": delay})
     server = _Server((host, port), handler)
     thread = threading.Thread(target=server.serve_forever, name="rangeserver", daemon=True)
     thread.start()
@@ -860,10 +875,11 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each answer waits after its request")
     args = parser.parse_args()
     if not os.path.isdir(args.folder):
         parser.error(f"{args.folder!r} is not a folder")
-    server, thread = serve(args.folder, args.port, args.host)
+    server, thread = serve(args.folder, args.port, args.host, args.delay)
     print(f"serving {os.path.abspath(args.folder)} on http://{args.host}:{server.server_port}", flush=True)
     try:
         thread.join()

@@ -52,6 +52,9 @@ URGENT_BATCHES = 4
 URGENT_CHUNK = 1 << 20
 #: Orders in which a group reads whole shards (worth fetching by chunks early).
 STREAMING_ORDERS = ("sequential", "shardwise")
+#: Announcements planned between two turns of the loop while the rest of a run's first burst is
+#: planned (after its first batch's reads went out).
+DEFERRED_SLICE = 32
 #: A :class:`Fetcher`'s statistics before it has done anything (see ``ShardSet.readahead_stats``).
 EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
 
@@ -79,6 +82,8 @@ class Fetcher:
         self._outstanding: dict[int, int] = {}  # shard -> samples announced, not yet released
         self._counts: dict[Any, dict[int, int]] = {}
         self._pending: list[tuple] = []
+        self._deferred: list[tuple] | None = None  # updates held back while a run's first batch is planned
+        self._draining = False  # (and being planned, after it)
         self._unplanned: set[Any] = set()
         self._flush_scheduled = False
         self._rank = 0  # announcements so far: the order batches are needed in
@@ -146,14 +151,26 @@ class Fetcher:
 
     # -- on the loop -------------------------------------------------------------------------
     def _update(self, messages: Sequence[tuple]) -> None:
-        for message in messages:
-            if message[0] == "announce":
-                self._announce(*message[1:])
-            else:
-                self._release(message[1])
+        if self._deferred is not None:  # a run's first burst is being planned: these come after it
+            self._deferred.extend(messages)
+            return
+        for position, message in enumerate(messages):
+            starting = message[0] == "announce" and not self._counts
+            self._apply(message)
+            if starting and position + 1 < len(messages):
+                # A run's first burst (its look-ahead: 20-60 ms to plan) waits for its first batch's reads.
+                self._deferred = list(messages[position + 1 :])
+                return
+
+    def _apply(self, message: tuple) -> None:
+        if message[0] == "announce":
+            self._announce(*message[1:])
+        else:
+            self._release(message[1])
 
     def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
-        if not self._counts:
+        starting = not self._counts
+        if starting:
             # Nothing announced is waiting: a run starts (or resumes). Its first batches cannot
             # wait for chunks: their samples are also read singly, up to URGENT_BYTES.
             self._urgent_left = min(URGENT_BYTES, self.options.max_bytes // 4)
@@ -169,7 +186,8 @@ class Fetcher:
         self._pending.append((key, shards, samples, order))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_later(0.002, lambda: self._loop.create_task(self._flush()))
+            # (a run's first batch at once; later ones a moment later, to plan them together)
+            self._loop.call_later(0 if starting else 0.002, lambda: self._loop.create_task(self._flush()))
 
     async def _limited(self, function, *args):
         async with self._requests:
@@ -182,26 +200,31 @@ class Fetcher:
         # are loaded (many at once): the first batch's reads start after one round of index
         # loads, not after the whole look-ahead's.
         first = 0
-        while first < len(pending):
-            part = pending[first : 2 * first + 1]
-            first += len(part)
-            unindexed = await self._load_layouts(part)
-            # Ranged reads of a slice are coalesced together (neighbours are often announced by
-            # different batches), and sent in the order of the first batch that needs each.
-            random_wanted: dict[int, dict[int, int]] = {}
-            for item in part:
-                rank = self._ranks.get(item[0], self._rank)
-                for shard, samples in self._plan(*item, unindexed).items():
-                    wanted = random_wanted.setdefault(shard, {})
-                    for sample in samples:
-                        wanted.setdefault(sample, rank)
-            runs = [(min(wanted[s] for s in run), shard, run) for shard, wanted in random_wanted.items()
-                    for run in _coalesce(self._layout(shard), sorted(wanted))]
-            for _, shard, run in sorted(runs, key=lambda r: r[:2]):
-                self._loop.create_task(self._read_run(shard, run))
-            if self._queue:
-                async with self._work:
-                    self._work.notify_all()
+        try:
+            while first < len(pending):
+                part = pending[first : 2 * first + 1]
+                first += len(part)
+                unindexed = await self._load_layouts(part)
+                # Ranged reads of a slice are coalesced together (neighbours are often announced by
+                # different batches), and sent in the order of the first batch that needs each.
+                random_wanted: dict[int, dict[int, int]] = {}
+                for item in part:
+                    rank = self._ranks.get(item[0], self._rank)
+                    for shard, samples in self._plan(*item, unindexed).items():
+                        wanted = random_wanted.setdefault(shard, {})
+                        for sample in samples:
+                            wanted.setdefault(sample, rank)
+                runs = [(min(wanted[s] for s in run), shard, run) for shard, wanted in random_wanted.items()
+                        for run in _coalesce(self._layout(shard), sorted(wanted))]
+                for _, shard, run in sorted(runs, key=lambda r: r[:2]):
+                    self._loop.create_task(self._read_run(shard, run))
+                if self._queue:
+                    async with self._work:
+                        self._work.notify_all()
+        finally:  # whatever became of the first batch, the rest of the burst is planned
+            if self._deferred is not None and not self._draining:
+                self._draining = True
+                self._loop.create_task(_plan_deferred(self))
 
     async def _load_layouts(self, pending: list[tuple]) -> set[int]:
         """Load the indexes of the shards ``pending`` batches read (those a manifest gave only
@@ -434,6 +457,18 @@ class Fetcher:
                     self._holdings.abandon(unit, parts[i] if i < len(parts) else None)
                     if i >= len(parts) and i < reserved:
                         self._holdings.bytes -= unit.size
+
+
+async def _plan_deferred(fetcher: Fetcher) -> None:
+    """Plan the rest of a run's first burst (``fetcher._deferred``, which what arrives meanwhile
+    joins), :data:`DEFERRED_SLICE` messages between two turns of the loop, so that the first
+    batch's reads, already sent, go on meanwhile."""
+    while fetcher._deferred:
+        part, fetcher._deferred = fetcher._deferred[:DEFERRED_SLICE], fetcher._deferred[DEFERRED_SLICE:]
+        for message in part:
+            fetcher._apply(message)
+        await asyncio.sleep(0)
+    fetcher._deferred, fetcher._draining = None, False
 
 
 def _span_size(layout: ShardLayout, chunk: int) -> int:

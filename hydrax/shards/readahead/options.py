@@ -18,6 +18,11 @@ from dataclasses import dataclass
 CORES_PER_FETCH_PROCESS = 8
 #: The most fetch processes chosen by default (a 224-core host gets 28).
 MAX_FETCH_PROCESSES = 32
+#: The fetch processes' default ``os.nice`` increment (``ReadAhead(fetch_nice=...)``). On 2 busy
+#: cores a fixed training step beside a remote epoch took 1.3x its mean and 3x its p99 beside a
+#: local one with the fetch process at the training process's priority, 1.01x and 1.3x with
+#: this (bench_peers.py, storage guide "The training loop").
+FETCH_NICE = 19
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,11 @@ class ReadAhead:
         one per :data:`CORES_PER_FETCH_PROCESS` usable cores, at most :data:`MAX_FETCH_PROCESSES`
         and at most one per shard (:func:`fetch_process_count`). A persistent ``cache_dir`` is
         always read ahead by one.
+    :param fetch_nice: the fetch processes' ``os.nice`` increment, 0 to 19; above 0 they also run
+        under Linux's ``SCHED_BATCH`` policy (they do not preempt the training process when data
+        arrives). What they fetch is needed batches later, while the training process's step is
+        what the accelerators wait for, so by default (:data:`FETCH_NICE`) they yield to it when
+        cores are short. 0: the training process's priority.
     """
 
     max_bytes: int | None = None
@@ -46,8 +56,12 @@ class ReadAhead:
     streams: int = 8
     enabled: bool = True
     fetch_processes: int | None = None
+    fetch_nice: int = FETCH_NICE
 
     def __post_init__(self) -> None:
+        nice = self.fetch_nice
+        if not isinstance(nice, int) or isinstance(nice, bool) or not 0 <= nice <= 19:
+            raise ValueError(f"ReadAhead(fetch_nice=...) must be an int from 0 to 19, got {nice!r}")
         for name in ("max_bytes", "requests", "streams", "fetch_processes"):
             value = getattr(self, name)
             if name in ("max_bytes", "fetch_processes") and value is None:
