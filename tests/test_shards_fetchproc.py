@@ -76,12 +76,12 @@ def scheduling(pid: int) -> set[tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("fetch_nice", [None, 0, 7])
+@pytest.mark.parametrize("fetch_nice", [None, 0, 7, 19])
 def test_fetch_processes_yield_the_cpu_to_the_training_process(proxied, tmp_path, fetch_nice):
-    """By default every thread of a fetch process runs at nice 19 under SCHED_BATCH (it does not
-    preempt the training process when its data arrives); ReadAhead(fetch_nice=N) sets the nice,
-    0 keeps the training process's priority and policy. The loaders and the training process keep
-    theirs (loader_nice is the loaders' own setting)."""
+    """ReadAhead(fetch_nice=N): every thread of a fetch process runs at nice N under SCHED_BATCH
+    (it does not preempt the training process when its data arrives); by default, and with 0, at
+    the training process's priority and policy. The loaders and the training process keep theirs
+    (loader_nice is the loaders' own setting)."""
     from hydrax.shards.readahead import ReadAhead
 
     options, proxy, client = proxied
@@ -102,7 +102,7 @@ def test_fetch_processes_yield_the_cpu_to_the_training_process(proxied, tmp_path
             del batch
     dataset.close()
     assert sorted(seen) == list(range(160))
-    expected = {(0, 0)} if fetch_nice == 0 else {(19 if fetch_nice is None else fetch_nice, 3)}  # 3: SCHED_BATCH
+    expected = {(0, 0)} if not fetch_nice else {(fetch_nice, 3)}  # 3: SCHED_BATCH
     assert fetchers == expected
     assert loaders == {(0, 0)} and scheduling(os.getpid()) == here == {(0, 0)}
 
@@ -256,7 +256,10 @@ def test_a_thread_takes_over_from_fetch_processes_that_keep_dying(proxied, tmp_p
 def test_a_runs_first_batch_is_read_before_the_rest_of_its_burst_is_planned(proxied, tmp_path):
     """A run's first message to the fetcher announces its whole look-ahead (hundreds of batches,
     20-60 ms of planning): the first batch's reads start before the second batch is even
-    announced to the planner, and every announced batch is still planned, in order."""
+    announced to the planner, and every announced batch is still planned, in order. (Whether the
+    first batch's shards are fetched whole or sample by sample is decided with the whole burst
+    counted: the tests of bytes fetched once, in test_shards_remote and test_shards_indexpool,
+    fail otherwise.)"""
     import time as clock
 
     from hydrax.shards.readahead import Fetcher, ReadAhead
@@ -272,9 +275,13 @@ def test_a_runs_first_batch_is_read_before_the_rest_of_its_burst_is_planned(prox
             events.append(("announce", key))
             super()._announce(key, *rest)
 
-        async def _read_run(self, shard, run):
+        async def _read_run(self, shard, run):  # samples
             events.append(("read", shard))
             await super()._read_run(shard, run)
+
+        async def _fetch_span(self, rank, shard, span):  # whole chunks
+            events.append(("read", shard))
+            await super()._fetch_span(rank, shard, span)
 
     root = str(tmp_path / "readahead")
     os.makedirs(root)
@@ -324,3 +331,30 @@ def test_the_first_batchs_indexes_are_loaded_once_before_the_fetch_process_start
     assert sorted(seen) == list(range(240))
     index_reads = [r.path for r in proxy.requests_matching(r"\.hidx$", method="GET")]
     assert len(index_reads) == len(set(index_reads)) <= 4, index_reads  # shards 0 and 1 were loaded before
+
+
+def test_a_store_slow_to_give_the_first_indexes_does_not_hold_up_the_run(proxied, tmp_path):
+    """The training process gives the first batch's indexes FIRST_INDEXES_WAIT_S: an index object
+    that does not come is left to the fetch process and the workers, and the run still delivers
+    every sample."""
+    import time as clock
+
+    from hydrax.shards.fetchproc import FIRST_INDEXES_WAIT_S, load_first_indexes
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=3, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    proxy.stall_next(1, seconds=FIRST_INDEXES_WAIT_S + 3, match=r"w-000\.tar\.hidx$", method="GET")
+    started = clock.monotonic()
+    load_first_indexes(dataset, [0, 1])
+    took = clock.monotonic() - started
+    assert FIRST_INDEXES_WAIT_S - 0.1 < took < slack(FIRST_INDEXES_WAIT_S + 1.5), took
+    assert proxy.fired and 0 not in dataset._layouts and 1 in dataset._layouts
+    seen = []
+    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
+    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
+        for batch in loader:
+            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
+            del batch
+    dataset.close()
+    assert sorted(seen) == list(range(120))

@@ -69,6 +69,8 @@ UPDATES = ("announce", "release")
 #: The most shards whose indexes the training process loads before its first fetch process starts
 #: (:func:`load_first_indexes`): a fully shuffled first batch reads one shard per sample.
 FIRST_INDEXES = 64
+#: How long the training process gives those indexes before it starts the fetch process anyway.
+FIRST_INDEXES_WAIT_S = 2.0
 
 
 ThreadFetcher = Callable[[ReadAhead, "dict[str, int] | None"], Fetcher]
@@ -107,7 +109,11 @@ def load_first_indexes(shards: Any, first: Sequence[int]) -> None:
         return
 
     async def load() -> None:
-        await asyncio.gather(*(shards.layout_async(s) for s in wanted), return_exceptions=True)
+        try:  # a store that does not answer at once is left to the processes that retry it
+            await asyncio.wait_for(asyncio.gather(*(shards.layout_async(s) for s in wanted), return_exceptions=True),
+                                   FIRST_INDEXES_WAIT_S)
+        except asyncio.TimeoutError:
+            log.debug("[hydrax] the first batch's indexes took over %.0f s; the fetch process loads them", FIRST_INDEXES_WAIT_S)
 
     loader = threading.Thread(target=asyncio.run, args=(load(),), name="hydrax-first-indexes", daemon=True)
     loader.start()
@@ -213,7 +219,6 @@ class FetchProcess:
     def _send_loop(self, outbox: queue.SimpleQueue, connection) -> None:
         """The sending thread: the training process never waits for the fetch process to read.
         Ends the fetch process once nothing is announced for :data:`IDLE_S`."""
-        first = True
         while True:
             try:
                 message = outbox.get(timeout=IDLE_S)
@@ -229,9 +234,6 @@ class FetchProcess:
             updates = []
             while message and message[0] in UPDATES:
                 updates.append(message)
-                if first:  # the first batch's announcement goes alone: its reads start before the burst is read
-                    first, message = False, ()
-                    break
                 try:
                     message = outbox.get_nowait()
                 except queue.Empty:

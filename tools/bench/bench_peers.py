@@ -44,7 +44,8 @@ Contenders (the peers run in their own venv, see ``peers/README.md``):
 - hydrax ``shardwise`` with a training step after each batch (``--step-iters`` of a pure-Python
   loop, about 2-3 ms here, holding the GIL as a training loop's Python does), once over the
   remote shards and once over the same tars on local disk: what the training loop feels of the
-  fetching, as the step's mean, p90 and p99;
+  fetching, as the step's mean, p90 and p99; and over the remote shards with
+  ``ReadAhead(fetch_nice=19)``;
 - LitData 0.2.76 ``StreamingDataset`` + ``StreamingDataLoader``, with and without ``shuffle``;
 - MosaicML Streaming 0.13.0 ``shuffle=True`` (``--streaming``);
 - webdataset's tar pipeline in one process, plain GETs (``--webdataset``).
@@ -140,6 +141,7 @@ def hydrax_run(args) -> None:
     cpu = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads only, not its children
     settings = {"max_bytes": args.budget << 20} if args.budget else {}
     settings.update({"fetch_processes": args.fetchers} if args.fetchers else {})
+    settings.update({"fetch_nice": args.fetch_nice} if args.fetch_nice else {})
     readahead = ReadAhead(**settings) if settings else None
     dataset = ShardSet(urls, s3=options, cache_dir=cache, readahead=readahead)
     order = {"shardwise": {"shuffle_later": "shardwise"}, "random": {"shuffle_first": True}}[args.hydrax_run]
@@ -267,11 +269,14 @@ def cases(args, endpoint: str) -> dict[str, list[str]]:
         "hydrax shardwise + training step": me + ["--hydrax-run", "shardwise", "--run-step-iters", str(args.step_iters)] + common,
         "hydrax shardwise + training step, local shards": me + ["--hydrax-run", "shardwise", "--local", "--tars", args.tars,
                                                                "--run-step-iters", str(args.step_iters)] + common,
+        "hydrax shardwise + training step, fetch_nice=19": me + ["--hydrax-run", "shardwise", "--fetch-nice", "19",
+                                                                "--run-step-iters", str(args.step_iters)] + common,
         "LitData": peer + ["--format", "litdata", "--remote", f"s3://{BUCKET}/lit"],
         "LitData, shuffle=True": peer + ["--format", "litdata", "--remote", f"s3://{BUCKET}/lit", "--shuffle"],
     }
     if args.baseline:
-        for name in [n for n in found if n.startswith("hydrax shardwise") and "fetch processes" not in n]:
+        for name in [n for n in found if n.startswith("hydrax shardwise") and "fetch processes" not in n
+                     and "fetch_nice" not in n]:
             found[f"{name} (baseline)"] = found[name] + ["--hydrax-tree", args.baseline]
     for count in args.fetch_processes or ():
         found[f"hydrax shardwise, {count} fetch processes"] = me + ["--hydrax-run", "shardwise", "--fetchers", str(count)] + common
@@ -371,6 +376,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--loaders", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--fetchers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--fetch-nice", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run-step-iters", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--hydrax-tree", help=argparse.SUPPRESS)
     parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)

@@ -59,6 +59,45 @@ DEFERRED_SLICE = 32
 EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak": 0, "reused": 0}
 
 
+class HeldBurst:
+    """The rest of a run's first burst of announcements (its whole look-ahead: planning it took
+    the loop 20-60 ms), held back until the first batch's reads are out; what arrives meanwhile
+    joins it, in order. How many of each shard's samples it reads counts at once, so that the
+    first batch is planned (whole chunks, or samples alone?) as if the burst were announced."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] | None = None
+        self.draining = False
+        self._counted: set[Any] = set()  # keys whose samples are in the fetcher's outstanding counts
+
+    def hold(self, messages: list[tuple], outstanding: dict[int, int]) -> None:
+        """Hold ``messages``, adding their announced samples to ``outstanding`` (shard -> count)."""
+        self.messages = messages
+        announced = [m for m in messages if m[0] == "announce"]
+        if announced:
+            shards, counts = np.unique(np.concatenate([m[2] for m in announced]), return_counts=True)
+            for shard, n in zip(shards.tolist(), counts.tolist()):
+                outstanding[shard] = outstanding.get(shard, 0) + n
+            self._counted.update(m[1] for m in announced)
+
+    def counted_already(self, key: Any) -> bool:
+        """Whether the samples of announcement ``key`` were counted when it was held (once)."""
+        if key in self._counted:
+            self._counted.discard(key)
+            return True
+        return False
+
+    async def release_to(self, apply: Callable[[tuple], None]) -> None:
+        """Hand the held messages to ``apply``, :data:`DEFERRED_SLICE` between two turns of the
+        loop, so that the first batch's reads go on meanwhile."""
+        while self.messages:
+            part, self.messages = self.messages[:DEFERRED_SLICE], self.messages[DEFERRED_SLICE:]
+            for message in part:
+                apply(message)
+            await asyncio.sleep(0)
+        self.messages, self.draining = None, False
+
+
 class Fetcher:
     """The read-ahead thread of one ShardSet (see :mod:`hydrax.shards.readahead`), in a fetch process
     (:class:`~hydrax.shards.fetchproc.FetchProcess`) or, where none can start, in the main process.
@@ -82,8 +121,7 @@ class Fetcher:
         self._outstanding: dict[int, int] = {}  # shard -> samples announced, not yet released
         self._counts: dict[Any, dict[int, int]] = {}
         self._pending: list[tuple] = []
-        self._deferred: list[tuple] | None = None  # updates held back while a run's first batch is planned
-        self._draining = False  # (and being planned, after it)
+        self._burst = HeldBurst()  # the rest of a run's first burst, while its first batch is planned
         self._unplanned: set[Any] = set()
         self._flush_scheduled = False
         self._rank = 0  # announcements so far: the order batches are needed in
@@ -151,15 +189,14 @@ class Fetcher:
 
     # -- on the loop -------------------------------------------------------------------------
     def _update(self, messages: Sequence[tuple]) -> None:
-        if self._deferred is not None:  # a run's first burst is being planned: these come after it
-            self._deferred.extend(messages)
+        if self._burst.messages is not None:  # a run's first burst is held back: these come after it
+            self._burst.messages.extend(messages)
             return
         for position, message in enumerate(messages):
             starting = message[0] == "announce" and not self._counts
             self._apply(message)
             if starting and position + 1 < len(messages):
-                # A run's first burst (its look-ahead: 20-60 ms to plan) waits for its first batch's reads.
-                self._deferred = list(messages[position + 1 :])
+                self._burst.hold(list(messages[position + 1 :]), self._outstanding)
                 return
 
     def _apply(self, message: tuple) -> None:
@@ -178,8 +215,9 @@ class Fetcher:
         # Announcements come in bursts (a whole look-ahead at the start of a run): plan them
         # together, so the choice between fetching a shard's chunks and reading its samples sees them all.
         counts = dict(zip(*(a.tolist() for a in np.unique(shards, return_counts=True))))
-        for shard, n in counts.items():
-            self._outstanding[shard] = self._outstanding.get(shard, 0) + n
+        if not self._burst.counted_already(key):
+            for shard, n in counts.items():
+                self._outstanding[shard] = self._outstanding.get(shard, 0) + n
         self._counts[key] = counts
         self._rank += 1
         self._ranks[key] = self._rank
@@ -222,9 +260,9 @@ class Fetcher:
                     async with self._work:
                         self._work.notify_all()
         finally:  # whatever became of the first batch, the rest of the burst is planned
-            if self._deferred is not None and not self._draining:
-                self._draining = True
-                self._loop.create_task(_plan_deferred(self))
+            if self._burst.messages is not None and not self._burst.draining:
+                self._burst.draining = True
+                self._loop.create_task(self._burst.release_to(self._apply))
 
     async def _load_layouts(self, pending: list[tuple]) -> set[int]:
         """Load the indexes of the shards ``pending`` batches read (those a manifest gave only
@@ -457,18 +495,6 @@ class Fetcher:
                     self._holdings.abandon(unit, parts[i] if i < len(parts) else None)
                     if i >= len(parts) and i < reserved:
                         self._holdings.bytes -= unit.size
-
-
-async def _plan_deferred(fetcher: Fetcher) -> None:
-    """Plan the rest of a run's first burst (``fetcher._deferred``, which what arrives meanwhile
-    joins), :data:`DEFERRED_SLICE` messages between two turns of the loop, so that the first
-    batch's reads, already sent, go on meanwhile."""
-    while fetcher._deferred:
-        part, fetcher._deferred = fetcher._deferred[:DEFERRED_SLICE], fetcher._deferred[DEFERRED_SLICE:]
-        for message in part:
-            fetcher._apply(message)
-        await asyncio.sleep(0)
-    fetcher._deferred, fetcher._draining = None, False
 
 
 def _span_size(layout: ShardLayout, chunk: int) -> int:

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 CORES_PER_FETCH_PROCESS = 8
 #: The most fetch processes chosen by default (a 224-core host gets 28).
 MAX_FETCH_PROCESSES = 32
-#: The fetch processes' default ``os.nice`` increment (``ReadAhead(fetch_nice=...)``). On 2 busy
-#: cores a fixed training step beside a remote epoch took 1.3x its mean and 3x its p99 beside a
-#: local one with the fetch process at the training process's priority, 1.01x and 1.3x with
-#: this (bench_peers.py, storage guide "The training loop").
-FETCH_NICE = 19
+#: The fetch processes' default ``os.nice`` increment (``ReadAhead(fetch_nice=...)``): the
+#: training process's priority. 19 let a fixed training step beside a remote epoch on 2 busy cores
+#: take 1.03-1.06x its mean beside a local one (1.17x at 0), but a fetch process that yields is
+#: starved by anything else that keeps the cores busy: with two CPU-bound processes beside a test
+#: run, workers read their samples themselves and the run fetched 1.5x its data. See the storage
+#: guide, "The fetch processes' priority".
+FETCH_NICE = 0
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,12 @@ class ReadAhead:
         one per :data:`CORES_PER_FETCH_PROCESS` usable cores, at most :data:`MAX_FETCH_PROCESSES`
         and at most one per shard (:func:`fetch_process_count`). A persistent ``cache_dir`` is
         always read ahead by one.
-    :param fetch_nice: the fetch processes' ``os.nice`` increment, 0 to 19; above 0 they also run
-        under Linux's ``SCHED_BATCH`` policy (they do not preempt the training process when data
-        arrives). What they fetch is needed batches later, while the training process's step is
-        what the accelerators wait for, so by default (:data:`FETCH_NICE`) they yield to it when
-        cores are short. 0: the training process's priority.
+    :param fetch_nice: the fetch processes' ``os.nice`` increment, 0 (the default,
+        :data:`FETCH_NICE`: the training process's priority) to 19; above 0 they also run under
+        Linux's ``SCHED_BATCH`` policy (they do not preempt the training process when data
+        arrives), so that where the host's cores are short the training step, which the
+        accelerators wait for, goes first. Where something else keeps the cores busy too, a fetch
+        process that yields falls behind, and workers read their samples themselves.
     """
 
     max_bytes: int | None = None
