@@ -10,7 +10,7 @@ import pytest
 from hydrax import Dataloader, DataGroup
 from hydrax.shards import ShardSet
 from support.timing import slack, slack_int
-from test_shards_remote import ARRAYS, load_sample, write_shards
+from test_shards_remote import ARRAYS, load_sample, run_epochs, write_shards
 
 
 def fetch_processes() -> list:
@@ -321,14 +321,9 @@ def test_the_first_batchs_indexes_are_loaded_once_before_the_fetch_process_start
     assert len(proxy.requests_matching(r"\.hidx$", method="GET")) == 2
     assert {0, 1} <= set(dataset._layouts)
     proxy.clear()
-    seen = []
-    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
-    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
-        for batch in loader:
-            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
-            del batch
+    seen = run_epochs(dataset, shuffle_first=True)
     dataset.close()
-    assert sorted(seen) == list(range(240))
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(240))
     index_reads = [r.path for r in proxy.requests_matching(r"\.hidx$", method="GET")]
     assert len(index_reads) == len(set(index_reads)) <= 4, index_reads  # shards 0 and 1 were loaded before
 
@@ -350,11 +345,6 @@ def test_a_store_slow_to_give_the_first_indexes_does_not_hold_up_the_run(proxied
     took = clock.monotonic() - started
     assert FIRST_INDEXES_WAIT_S - 0.1 < took < slack(FIRST_INDEXES_WAIT_S + 1.5), took
     assert proxy.fired and 0 not in dataset._layouts and 1 in dataset._layouts
-    seen = []
-    groups = DataGroup(10, dataset, loader_arrays=ARRAYS, shuffle_first=True)
-    with Dataloader(load_sample, groups, loader_count=2, end_at=("epoch", 1), timeout_sec=slack_int(60)) as loader:
-        for batch in loader:
-            seen.extend(np.asarray(batch.arrays["cls"]).tolist())
-            del batch
+    seen = run_epochs(dataset, shuffle_first=True)
     dataset.close()
-    assert sorted(seen) == list(range(120))
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(120))
