@@ -338,7 +338,6 @@ def _sizes_field(indexes: Sequence[ShardIndex]) -> str | None:
 def _pieces(indexes: Sequence[ShardIndex], renumber: list, small: dict[str, np.ndarray], name: str):
     """The array ``name`` of the file, in pieces of consecutive shards (about :data:`_CHUNK` items each)."""
     if name in ("width", "height"):
-
         def part(n: int) -> np.ndarray:
             sizes = indexes[n].sizes
             return sizes.widths if name == "width" else sizes.heights

@@ -51,7 +51,8 @@ Contenders (the peers run in their own venv, see ``peers/README.md``):
 - webdataset's tar pipeline in one process, plain GETs (``--webdataset``).
 
     python tools/bench/bench_peers.py [--shards 32 --per-shard 512 --sample-bytes 100000]
-        [--delays 0.02 0.05] [--delay-at server|proxy] [--store-priority idle|normal] [--repeat 3] [--peers-python /tmp/peers-venv/bin/python] [--streaming]
+        [--delays 0.02 0.05] [--delay-at server|proxy] [--store-priority idle|normal] [--repeat 3]
+        [--peers-python /tmp/peers-venv/bin/python] [--streaming]
 """
 
 from __future__ import annotations
@@ -343,7 +344,8 @@ def delayed_stores(args, endpoint: str, processes: list) -> list[tuple[str, str,
         server, line = start([sys.executable, str(HERE / "rangeserver.py"), args.served, "--port", "0", "--delay", str(delay)],
                              args.store_priority == "idle")
         processes.append(server)
-        stores.append((line.split()[-1], line.split()[-1], [server]))
+        url = line.split()[-1]
+        stores.append((url, url, [server]))
     return stores
 
 

@@ -67,7 +67,7 @@ class HeldBurst:
 
     def __init__(self) -> None:
         self.messages: list[tuple] | None = None
-        self.draining = False
+        self._draining = False
         self._counted: set[Any] = set()  # keys whose samples are in the fetcher's outstanding counts
 
     def hold(self, messages: list[tuple], outstanding: dict[int, int]) -> None:
@@ -87,15 +87,24 @@ class HeldBurst:
             return True
         return False
 
-    async def release_to(self, apply: Callable[[tuple], None]) -> None:
-        """Hand the held messages to ``apply``, :data:`DEFERRED_SLICE` between two turns of the
-        loop, so that the first batch's reads go on meanwhile."""
-        while self.messages:
-            part, self.messages = self.messages[:DEFERRED_SLICE], self.messages[DEFERRED_SLICE:]
+    def release(self, loop: asyncio.AbstractEventLoop, apply: Callable[[tuple], None]) -> None:
+        """Hand what is held to ``apply`` from a task on ``loop`` (one task, however often this
+        is called before it ends)."""
+        if self.messages is not None and not self._draining:
+            self._draining = True
+            loop.create_task(self._release_to(apply))
+
+    async def _release_to(self, apply: Callable[[tuple], None]) -> None:
+        """:data:`DEFERRED_SLICE` messages between two turns of the loop, so that the first
+        batch's reads go on meanwhile."""
+        done = 0
+        while done < len(self.messages):  # (which what arrives meanwhile extends)
+            part = self.messages[done : done + DEFERRED_SLICE]
+            done += len(part)
             for message in part:
                 apply(message)
             await asyncio.sleep(0)
-        self.messages, self.draining = None, False
+        self.messages, self._draining = None, False
 
 
 class Fetcher:
@@ -260,9 +269,7 @@ class Fetcher:
                     async with self._work:
                         self._work.notify_all()
         finally:  # whatever became of the first batch, the rest of the burst is planned
-            if self._burst.messages is not None and not self._burst.draining:
-                self._burst.draining = True
-                self._loop.create_task(self._burst.release_to(self._apply))
+            self._burst.release(self._loop, self._apply)
 
     async def _load_layouts(self, pending: list[tuple]) -> set[int]:
         """Load the indexes of the shards ``pending`` batches read (those a manifest gave only
