@@ -48,10 +48,14 @@ SPAN_BYTES = 32 << 20
 URGENT_BYTES = 16 << 20
 #: ... and of at most this many batches,
 URGENT_BATCHES = 4
-#: ... in chunks at least this large (a smaller chunk comes as fast as its samples would).
+#: ... in chunks at least this large (a smaller chunk comes as fast as its samples would: those
+#: batches fetch it whole instead, charged to :data:`URGENT_BYTES`).
 URGENT_CHUNK = 1 << 20
 #: Orders in which a group reads whole shards (worth fetching by chunks early).
 STREAMING_ORDERS = ("sequential", "shardwise")
+#: How long announcements gather before they are planned together (a run's first batch's too:
+#: the rest of its burst is counted meanwhile, see :class:`HeldBurst`).
+FLUSH_S = 0.002
 #: Announcements planned between two turns of the loop while the rest of a run's first burst is
 #: planned (after its first batch's reads went out).
 DEFERRED_SLICE = 32
@@ -62,17 +66,21 @@ EMPTY_STATS = {"requests": 0, "bytes": 0, "evicted": 0, "failed": 0, "held_peak"
 class HeldBurst:
     """The rest of a run's first burst of announcements (its whole look-ahead: planning it took
     the loop 20-60 ms), held back until the first batch's reads are out; what arrives meanwhile
-    joins it, in order. How many of each shard's samples it reads counts at once, so that the
-    first batch is planned (whole chunks, or samples alone?) as if the burst were announced."""
+    joins it, in order. How many of each shard's samples it reads counts as it arrives, so that
+    the first batch is planned (whole chunks, or samples alone?) with all of the burst that
+    came before its plan, however the training process's sending thread split it."""
 
     def __init__(self) -> None:
         self.messages: list[tuple] | None = None
         self._draining = False
         self._counted: set[Any] = set()  # keys whose samples are in the fetcher's outstanding counts
 
-    def hold(self, messages: list[tuple], outstanding: dict[int, int]) -> None:
-        """Hold ``messages``, adding their announced samples to ``outstanding`` (shard -> count)."""
-        self.messages = messages
+    def hold(self, messages: Sequence[tuple], outstanding: dict[int, int]) -> None:
+        """Hold ``messages`` after those held already, adding their announced samples to
+        ``outstanding`` (shard -> count)."""
+        if self.messages is None:
+            self.messages = []
+        self.messages.extend(messages)
         announced = [m for m in messages if m[0] == "announce"]
         if announced:
             shards, counts = np.unique(np.concatenate([m[2] for m in announced]), return_counts=True)
@@ -199,13 +207,13 @@ class Fetcher:
     # -- on the loop -------------------------------------------------------------------------
     def _update(self, messages: Sequence[tuple]) -> None:
         if self._burst.messages is not None:  # a run's first burst is held back: these come after it
-            self._burst.messages.extend(messages)
+            self._burst.hold(messages, self._outstanding)
             return
         for position, message in enumerate(messages):
             starting = message[0] == "announce" and not self._counts
             self._apply(message)
-            if starting and position + 1 < len(messages):
-                self._burst.hold(list(messages[position + 1 :]), self._outstanding)
+            if starting:  # (the rest of the burst may come in later messages: it is held too)
+                self._burst.hold(messages[position + 1 :], self._outstanding)
                 return
 
     def _apply(self, message: tuple) -> None:
@@ -215,8 +223,7 @@ class Fetcher:
             self._release(message[1])
 
     def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
-        starting = not self._counts
-        if starting:
+        if not self._counts:
             # Nothing announced is waiting: a run starts (or resumes). Its first batches cannot
             # wait for chunks: their samples are also read singly, up to URGENT_BYTES.
             self._urgent_left = min(URGENT_BYTES, self.options.max_bytes // 4)
@@ -233,8 +240,7 @@ class Fetcher:
         self._pending.append((key, shards, samples, order))
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            # (a run's first batch at once; later ones a moment later, to plan them together)
-            self._loop.call_later(0 if starting else 0.002, lambda: self._loop.create_task(self._flush()))
+            self._loop.call_later(FLUSH_S, lambda: self._loop.create_task(self._flush()))
 
     async def _limited(self, function, *args):
         async with self._requests:
@@ -311,13 +317,19 @@ class Fetcher:
             chunks = np.searchsorted(layout.chunks, chosen, side="right") - 1
             for chunk in np.unique(chunks).tolist():
                 unit = self._holdings.unit(shard, chunk_name(chunk), _span_size(layout, chunk))
-                singly = not by_chunk and unit.state == "absent"
+                # A run's first batches fetch a small chunk whole whatever the counts say: it
+                # comes as fast as its samples, and the counts may not have all of the run's
+                # first burst yet (the training process sends it in parts).
+                urgent = self._urgent_left > 0 and rank <= self._urgent_until
+                singly = not by_chunk and not (urgent and unit.size < URGENT_CHUNK) and unit.state == "absent"
                 if not singly:
                     needed.append(unit)
                     if unit.state == "absent":
                         unit.state = "queued"
                         heapq.heappush(self._queue, (rank, shard, chunk))
-                    if unit.state == "present" or self._urgent_left <= 0 or rank > self._urgent_until or unit.size < URGENT_CHUNK:
+                        if not by_chunk:
+                            self._urgent_left -= unit.size
+                    if unit.state == "present" or not urgent or unit.size < URGENT_CHUNK:
                         continue
                 for sample in chosen[chunks == chunk].tolist():
                     s_unit = self._holdings.unit(shard, sample_name(sample), int(layout.ends[sample] - layout.starts[sample]))
