@@ -363,6 +363,26 @@ class ConfigPicklingError(HydraxError, TypeError):
     """
 
 
+class StartMethodError(HydraxError, RuntimeError):
+    """``HYDRAX_START_METHOD=fork`` for a run whose data reads remote shards, in a process that
+    already runs threads a forked worker does not inherit (obstore's request threads, once remote
+    shards were read here): its workers would hang on their first request. Refused as the run
+    starts, before any worker is forked. ``hazards`` names those threads; ``group`` is the index
+    of the first group whose data reads remote shards."""
+
+    def __init__(self, message: str, *, hazards: tuple[str, ...], group: int) -> None:
+        super().__init__(message)
+        self.hazards = hazards
+        self.group = group
+
+    def __reduce__(self):
+        return (_rebuild_start_method, (str(self), self.hazards, self.group))
+
+
+def _rebuild_start_method(message, hazards, group):
+    return StartMethodError(message, hazards=hazards, group=group)
+
+
 class MainImportError(HydraxError, ImportError):
     """The real main module was needed in a helper process, and importing it there failed.
 

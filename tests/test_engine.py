@@ -111,3 +111,39 @@ def test_slots_larger_than_the_machine_are_refused_naming_the_array():
             pass
     assert raised.value.available == machine_memory() and raised.value.needed > raised.value.available
     assert isinstance(raised.value, MemoryError)
+
+
+def test_forced_fork_of_workers_that_would_hang_on_remote_reads_is_refused_before_any_starts(proxied, tmp_path, monkeypatch):
+    """HYDRAX_START_METHOD=fork after remote shards were read here (obstore's threads run): the
+    workers' first request would hang until the batch timeout, so the run is refused as it
+    starts, naming the variable, the group and the threads; local data still forks."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hydrax import DataGroup, Dataloader
+    from hydrax.errors import StartMethodError
+    from hydrax.procs.processes import fork_hazards
+    from hydrax.shards import ShardSet
+    from test_shards_remote import ARRAYS, write_shards
+
+    options, proxy, client = proxied
+    remote = ShardSet(write_shards(tmp_path, client, count=2, options=options), s3=options, cache_dir=str(tmp_path / "cache"))
+    assert fork_hazards()  # its set-up made requests from this process
+    monkeypatch.setenv("HYDRAX_START_METHOD", "fork")
+    before = set(multiprocessing.active_children())
+    local = DataGroup(4, list(range(8)), loader_arrays={"item": ((), np.int64, jnp.int64)})
+    with pytest.raises(StartMethodError, match="HYDRAX_START_METHOD=fork.*group 1 reads remote shards") as caught:
+        with Dataloader(lambda *a: None, [local, DataGroup(10, remote, loader_arrays=ARRAYS)], loader_count=2, timeout_sec=30):
+            pass
+    assert caught.value.group == 1 and "obstore" in " ".join(caught.value.hazards)
+    assert set(multiprocessing.active_children()) == before  # no worker was forked
+    seen = []
+    with Dataloader(load_item, local, loader_count=2, end_at=("epoch", 1), timeout_sec=30) as loader:
+        seen = [int(i) for batch in loader for i in batch.indices]
+    assert sorted(seen) == list(range(8))
+    remote.close()
+
+
+def load_item(item, arrays, seed):
+    arrays["item"][...] = item
+

@@ -86,12 +86,18 @@ def note_fork_hazard(what: str) -> None:
     _fork_hazards.add(what)
 
 
+def fork_hazards() -> tuple[str, ...]:
+    """What :func:`note_fork_hazard` recorded in this process, sorted (empty where nothing was)."""
+    return tuple(sorted(_fork_hazards))
+
+
 def start_method() -> str:
     """``"fork"`` when that is safe here, else ``"forkserver"``.
 
     The environment variable ``HYDRAX_START_METHOD`` (``fork`` or ``forkserver``) overrides the
     choice; ``fork`` where a fork hazard was noted (see :func:`note_fork_hazard`) logs a warning
-    once (workers that make remote requests would hang; those of local data do not).
+    once (workers that make remote requests would hang; those of local data do not: a run whose
+    data reads remote shards is refused as it starts, with :class:`~hydrax.errors.StartMethodError`).
     """
     forced = os.environ.get("HYDRAX_START_METHOD", "")
     if forced:

@@ -17,10 +17,11 @@ from typing import Callable
 from ..procs.arena import Arena, machine_memory
 from ..cache.runcache import RunCache
 from ..cache.writers import CacheWriter
-from ..errors import ArenaMemoryError
+from ..errors import ArenaMemoryError, StartMethodError
+from .announce import reads_ahead
 from .hosts import HostAgreement, distributed_client
 from .pipeline import Pipeline
-from ..procs.processes import start_method, warm_forkserver
+from ..procs.processes import fork_hazards, start_method, warm_forkserver
 from .plan import RunGroups, RunPolicy
 from ..order.schedule import Plan, iter_steps
 from ..procs.workers import GroupSpec, WorkerConfig, WorkerPool
@@ -74,6 +75,7 @@ class Engine:
             log_level=logging.getLogger("hydrax").getEffectiveLevel(),
         )
         self.method = start_method()
+        check_fork_safe(self.method, groups)
         self.pool = WorkerPool(self.method)
         self.cache = RunCache(CacheWriter(policy.cacher_count, policy.depth) if policy.cacher_count else None)
         self.agreement = self._agreement()
@@ -126,6 +128,20 @@ def warm_up(functions: RunFunctions) -> None:
     the main one) in the background until the run is entered."""
     if start_method() == "forkserver":
         warm_forkserver(functions.modules())
+
+
+def check_fork_safe(method: str, groups) -> None:
+    """Refuse to fork the workers of a run whose data reads remote shards from a process whose
+    request threads a fork does not carry over (only where ``HYDRAX_START_METHOD=fork`` forces
+    it): they would hang on their first request, until the batch timeout."""
+    hazards = fork_hazards()
+    remote = [run.index for run in groups if reads_ahead(run.group.data)]
+    if method == "fork" and hazards and remote:
+        raise StartMethodError(
+            f"HYDRAX_START_METHOD=fork, but the data of group {remote[0]} reads remote shards and this process "
+            f"runs {' and '.join(hazards)}, which forked workers do not inherit: they would hang on their first "
+            "request. Unset HYDRAX_START_METHOD (or set it to 'forkserver') to read remote shards.",
+            hazards=hazards, group=remote[0])
 
 
 def check_arena_memory(depth: int, groups) -> None:
