@@ -27,6 +27,19 @@ from __future__ import annotations
 class HydraxError(Exception):
     """Base of hydrax's own errors."""
 
+    #: The keyword arguments of its constructor, kept as attributes of the same names, that a
+    #: pickled copy (a worker's error reaching the training process) is built again with.
+    fields: tuple[str, ...] = ()
+
+    def __reduce__(self):
+        if not self.fields:
+            return super().__reduce__()
+        return (_rebuild_with_fields, (type(self), str(self), {name: getattr(self, name) for name in self.fields}))
+
+
+def _rebuild_with_fields(kind, message, fields):
+    return kind(message, **fields)
+
 
 class BatchTimeoutError(HydraxError, TimeoutError):
     """No batch arrived within the Dataloader's ``timeout_sec``; the message says what each worker was doing."""
@@ -298,6 +311,8 @@ class CacheNotFoundError(HydraxError, FileNotFoundError):
     not exist: the location is wrong, or the cache was never written. A ``FileNotFoundError``, as
     hydrax 0.2.2 raised; ``path`` names the missing descriptor."""
 
+    fields = ("path",)
+
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
         self.path = path
@@ -306,17 +321,12 @@ class CacheNotFoundError(HydraxError, FileNotFoundError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
-    def __reduce__(self):
-        return (_rebuild_cache_not_found, (str(self), self.path))
-
-
-def _rebuild_cache_not_found(message, path):
-    return CacheNotFoundError(message, path=path)
-
 
 class CacheLocationError(HydraxError, OSError):
     """A writable cache's location cannot be created or written (a read-only file system, no
     permission, a file in the way). An ``OSError`` with its ``errno``; ``path`` is the location."""
+
+    fields = ("path", "errno")
 
     def __init__(self, message: str, *, path: str, errno: int | None = None) -> None:
         super().__init__(message)
@@ -327,30 +337,18 @@ class CacheLocationError(HydraxError, OSError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
-    def __reduce__(self):
-        return (_rebuild_cache_location, (str(self), self.path, self.errno))
-
-
-def _rebuild_cache_location(message, path, errno):
-    return CacheLocationError(message, path=path, errno=errno)
-
 
 class ArenaMemoryError(HydraxError, MemoryError):
     """The batch slots a run needs (``depth`` slots of its largest batch) are more than the
     machine's memory: refused before anything is allocated. ``needed`` and ``available`` are in
     bytes; the message names the group and array that take the most."""
 
+    fields = ("needed", "available")
+
     def __init__(self, message: str, *, needed: int, available: int) -> None:
         super().__init__(message)
         self.needed = needed
         self.available = available
-
-    def __reduce__(self):
-        return (_rebuild_arena_memory, (str(self), self.needed, self.available))
-
-
-def _rebuild_arena_memory(message, needed, available):
-    return ArenaMemoryError(message, needed=needed, available=available)
 
 
 class ConfigPicklingError(HydraxError, TypeError):
@@ -370,17 +368,12 @@ class StartMethodError(HydraxError, RuntimeError):
     starts, before any worker is forked. ``hazards`` names those threads; ``group`` is the index
     of the first group whose data reads remote shards."""
 
+    fields = ("hazards", "group")
+
     def __init__(self, message: str, *, hazards: tuple[str, ...], group: int) -> None:
         super().__init__(message)
         self.hazards = hazards
         self.group = group
-
-    def __reduce__(self):
-        return (_rebuild_start_method, (str(self), self.hazards, self.group))
-
-
-def _rebuild_start_method(message, hazards, group):
-    return StartMethodError(message, hazards=hazards, group=group)
 
 
 class MainImportError(HydraxError, ImportError):
@@ -417,23 +410,20 @@ class ProfileError(ImageError):
     size) and ``tag`` the ICC tag at fault (such as ``"rTRC"``); else they are None.
     """
 
+    fields = ("profile", "tag")
+
     def __init__(self, message: str = "", *, profile: str | None = None, tag: str | None = None) -> None:
         super().__init__(message)
         self.profile = profile
         self.tag = tag
-
-    def __reduce__(self):
-        return (_rebuild_profile_error, (str(self), self.profile, self.tag))
-
-
-def _rebuild_profile_error(message, profile, tag):
-    return ProfileError(message, profile=profile, tag=tag)
 
 
 class FieldNotFoundError(HydraxError, KeyError):
     """A sample has no field of the name asked for (``sample["jpg"]`` on a sample without a
     ``.jpg`` member). A ``KeyError``, as a missing key of a mapping is; ``url``, ``key`` and
     ``field`` say which shard, sample and field."""
+
+    fields = ("url", "key", "field")
 
     def __init__(self, message: str, *, url: str | None = None, key: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
@@ -443,13 +433,6 @@ class FieldNotFoundError(HydraxError, KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message quoted, as a key
         return str(self.args[0]) if self.args else ""
-
-    def __reduce__(self):
-        return (_rebuild_field_not_found, (str(self), self.url, self.key, self.field))
-
-
-def _rebuild_field_not_found(message, url, key, field):
-    return FieldNotFoundError(message, url=url, key=key, field=field)
 
 
 class TenbinError(LocatedError, ValueError):
@@ -542,18 +525,13 @@ class CheckpointMismatchError(HydraxError, ValueError):
     A ``ValueError``: the ``start_at`` argument does not fit the other arguments.
     """
 
+    fields = ("expected", "actual", "differences")
+
     def __init__(self, message: str, *, expected: str, actual: str, differences: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.expected = expected
         self.actual = actual
         self.differences = tuple(differences)
-
-    def __reduce__(self):
-        return (_rebuild_checkpoint_mismatch, (str(self), self.expected, self.actual, self.differences))
-
-
-def _rebuild_checkpoint_mismatch(message, expected, actual, differences):
-    return CheckpointMismatchError(message, expected=expected, actual=actual, differences=differences)
 
 
 class CheckpointFormatError(HydraxError, ValueError):
@@ -561,18 +539,13 @@ class CheckpointFormatError(HydraxError, ValueError):
     ``version`` above the ``supported`` one), or not a hydrax loader state at all (``version``
     None). ``path`` names the file when it came from one."""
 
+    fields = ("version", "supported", "path")
+
     def __init__(self, message: str, *, version: int | None, supported: int, path: str | None = None) -> None:
         super().__init__(message)
         self.version = version
         self.supported = supported
         self.path = path
-
-    def __reduce__(self):
-        return (_rebuild_checkpoint_format, (str(self), self.version, self.supported, self.path))
-
-
-def _rebuild_checkpoint_format(message, version, supported, path):
-    return CheckpointFormatError(message, version=version, supported=supported, path=path)
 
 
 class MixtureRangeError(HydraxError, ValueError):
@@ -590,6 +563,8 @@ class MixtureRangeError(HydraxError, ValueError):
     A ``ValueError``: an argument out of range.
     """
 
+    fields = ("argument", "epoch_size", "epoch", "last_epoch")
+
     def __init__(self, message: str, *, argument: str, epoch_size: int | None = None, epoch: int | None = None,
                  last_epoch: int | None = None) -> None:
         super().__init__(message)
@@ -598,9 +573,4 @@ class MixtureRangeError(HydraxError, ValueError):
         self.epoch = epoch
         self.last_epoch = last_epoch
 
-    def __reduce__(self):
-        return (_rebuild_mixture_range, (str(self), self.argument, self.epoch_size, self.epoch, self.last_epoch))
 
-
-def _rebuild_mixture_range(message, argument, epoch_size, epoch, last_epoch):
-    return MixtureRangeError(message, argument=argument, epoch_size=epoch_size, epoch=epoch, last_epoch=last_epoch)

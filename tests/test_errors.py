@@ -129,6 +129,24 @@ def test_located_errors_pickle_with_every_field(kind, subject):
     assert type(moved) is kind and (moved.offset, moved.key, moved.field, moved.detail) == (7, "k", "cls", "what is wrong")
 
 
+def keyword_field_errors() -> list[type]:
+    """Every error of hydrax whose constructor takes its fields as keywords (``fields``)."""
+    import hydrax.errors as errors
+
+    return [kind for kind in vars(errors).values() if isinstance(kind, type) and issubclass(kind, errors.HydraxError)
+            and kind.fields]
+
+
+@pytest.mark.parametrize("kind", keyword_field_errors(), ids=lambda kind: kind.__name__)
+def test_errors_with_keyword_fields_pickle_with_every_field(kind):
+    """A worker's error reaches the training process pickled: its type, words and every field come through."""
+    values = {name: (f"{name} value", 3)[i % 2] for i, name in enumerate(kind.fields)}
+    error = kind("what is wrong", **values)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is kind and str(again) == "what is wrong"
+    assert {name: getattr(again, name) for name in kind.fields} == {name: getattr(error, name) for name in kind.fields}
+
+
 def test_a_duplicate_field_names_the_sample_and_field_as_fields(tmp_path):
     from hydrax.shards import build_index, group_samples, scan_members
 
