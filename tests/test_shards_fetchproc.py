@@ -291,52 +291,49 @@ def wait_for(condition, seconds: float) -> None:
         time.sleep(0.01)
 
 
-def test_a_runs_first_batch_is_read_before_the_rest_of_its_burst_is_planned(proxied, tmp_path):
-    """A run's first message to the fetcher announces its whole look-ahead (hundreds of batches,
-    20-60 ms of planning): the first batch's reads start before the second batch is even
-    announced to the planner, and every announced batch is still planned, in order. (Whether the
-    first batch's shards are fetched whole or sample by sample is decided with the whole burst
-    counted: the tests of bytes fetched once, in test_shards_remote and test_shards_indexpool,
-    fail otherwise.)"""
+@pytest.fixture
+def watched_burst(proxied, tmp_path):
+    """``(dataset, fetcher, events, burst)``: 4 shards of 40 samples behind the proxy, a
+    :func:`watched_fetcher` of them, and one epoch's announcements in batches of 10."""
     options, proxy, client = proxied
-    urls = write_shards(tmp_path, client, count=4, per_shard=40, options=options)
-    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
+    dataset = ShardSet(write_shards(tmp_path, client, count=4, per_shard=40, options=options), s3=options,
+                       cache_dir=str(tmp_path / "cache"))
     events = []
     fetcher = watched_fetcher(dataset, str(tmp_path / "readahead"), events)
-    burst = announcements(dataset, 10)
     try:
-        fetcher.update(burst)
-        wait_for(lambda: len([e for e in events if e[0] == "announce"]) == len(burst), 10)
-        announced = [key for kind, key in events if kind == "announce"]
-        assert announced == list(range(1, len(burst) + 1))
-        first_read = next(i for i, e in enumerate(events) if e[0] != "announce")
-        assert first_read < events.index(("announce", 2)), events[:5]
+        yield dataset, fetcher, events, announcements(dataset, 10)
     finally:
         fetcher.close()
         dataset.close()
 
 
-def test_a_burst_that_comes_in_parts_fetches_each_small_shard_once(proxied, tmp_path):
+def test_a_runs_first_batch_is_read_before_the_rest_of_its_burst_is_planned(watched_burst):
+    """A run's first message to the fetcher announces its whole look-ahead (hundreds of batches,
+    20-60 ms of planning): the first batch's reads start before the second batch is even
+    announced to the planner, and every announced batch is still planned, in order. (The burst's
+    samples are counted before the first batch is planned: the tests of bytes fetched once, in
+    test_shards_remote and test_shards_indexpool, fail otherwise.)"""
+    dataset, fetcher, events, burst = watched_burst
+    fetcher.update(burst)
+    wait_for(lambda: len([e for e in events if e[0] == "announce"]) == len(burst), 10)
+    announced = [key for kind, key in events if kind == "announce"]
+    assert announced == list(range(1, len(burst) + 1))
+    first_read = next(i for i, e in enumerate(events) if e[0] != "announce")
+    assert first_read < events.index(("announce", 2)), events[:5]
+
+
+def test_a_burst_that_comes_in_parts_fetches_each_small_shard_once(watched_burst):
     """The training process's sending thread may send a run's first announcement alone, and the
     rest of its burst after the first batch was planned (a busy machine: it failed CI so). The
     first batches fetch a small shard's chunk whole, as the burst would have decided: each shard
     comes once, none of its samples alone besides."""
-    options, proxy, client = proxied
-    urls = write_shards(tmp_path, client, count=4, per_shard=40, options=options)
-    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"))
-    events = []
-    fetcher = watched_fetcher(dataset, str(tmp_path / "readahead"), events)
-    burst = announcements(dataset, 10)
-    try:
-        fetcher.update(burst[:1])
-        wait_for(lambda: any(e[0] != "announce" for e in events), 10)
-        fetcher.update(burst[1:])
-        wait_for(lambda: fetcher.stats["bytes"] >= sum(dataset.shard_entry(s).size for s in range(4)) * 0.9, 10)
-        reads = [e for e in events if e[0] != "announce"]
-        assert sorted(reads) == [("chunks", s) for s in range(4)], reads
-    finally:
-        fetcher.close()
-        dataset.close()
+    dataset, fetcher, events, burst = watched_burst
+    fetcher.update(burst[:1])
+    wait_for(lambda: any(e[0] != "announce" for e in events), 10)
+    fetcher.update(burst[1:])
+    wait_for(lambda: fetcher.stats["bytes"] >= sum(dataset.shard_entry(s).size for s in range(4)) * 0.9, 10)
+    reads = [e for e in events if e[0] != "announce"]
+    assert sorted(reads) == [("chunks", s) for s in range(4)], reads
 
 
 def test_the_first_batchs_indexes_are_loaded_once_before_the_fetch_process_starts(proxied, tmp_path):
