@@ -89,18 +89,13 @@ class BatchFailedError(HydraxError, RuntimeError):
     what went wrong there; on that process the original exception is the ``__cause__``.
     """
 
+    fields = ("batch", "process_index", "reason")
+
     def __init__(self, message: str, *, batch: str = "", process_index: int = 0, reason: str = "") -> None:
         super().__init__(message)
         self.batch = batch
         self.process_index = process_index
         self.reason = reason
-
-    def __reduce__(self):
-        return (_rebuild_batch_failed, (str(self), self.batch, self.process_index, self.reason))
-
-
-def _rebuild_batch_failed(message, batch, process_index, reason):
-    return BatchFailedError(message, batch=batch, process_index=process_index, reason=reason)
 
 
 class LocatedError(HydraxError):
@@ -451,16 +446,11 @@ class ServeError(HydraxError):
     :param url: the endpoint, as the user wrote it (``"zpull://127.0.0.1:7880"``), or None.
     """
 
+    fields = ("url",)
+
     def __init__(self, message: str, *, url: str | None = None) -> None:
         super().__init__(message)
         self.url = url
-
-    def __reduce__(self):
-        return (_rebuild_serve, (type(self), str(self), self.url))
-
-
-def _rebuild_serve(kind, message, url):
-    return kind(message, url=url)
 
 
 class MessageError(ServeError, ValueError):
@@ -491,6 +481,8 @@ class ServeArgumentError(ServeError, ValueError):
     - ``limit``: the most it may be here (None where the value is too small or of the wrong type).
     """
 
+    fields = ("argument", "value", "limit", "url")
+
     def __init__(self, message: str, *, argument: str, value: object = None, limit: int | None = None,
                  url: str | None = None) -> None:
         super().__init__(message, url=url)
@@ -498,17 +490,10 @@ class ServeArgumentError(ServeError, ValueError):
         self.value = value
         self.limit = limit
 
-    def __reduce__(self):
-        return (_rebuild_serve_argument, (type(self), str(self), self.argument, self.value, self.limit, self.url))
-
 
 class ServeArgumentTypeError(ServeArgumentError, TypeError):
     """A :class:`ServeArgumentError` for a value of the wrong type (``producers=True``,
     ``producers=2.0``): also a ``TypeError``, as Python's own errors for a wrong type are."""
-
-
-def _rebuild_serve_argument(kind, message, argument, value, limit, url):
-    return kind(message, argument=argument, value=value, limit=limit, url=url)
 
 
 class CheckpointMismatchError(HydraxError, ValueError):
@@ -572,5 +557,3 @@ class MixtureRangeError(HydraxError, ValueError):
         self.epoch_size = epoch_size
         self.epoch = epoch
         self.last_epoch = last_epoch
-
-

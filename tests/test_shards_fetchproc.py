@@ -261,9 +261,9 @@ def watched_fetcher(dataset, root: str, events: list):
     from hydrax.shards.router import store_for
 
     class Watched(Fetcher):
-        def _announce(self, key, *rest):
+        def _announce(self, key, *rest, **options):
             events.append(("announce", key))
-            super()._announce(key, *rest)
+            super()._announce(key, *rest, **options)
 
         async def _read_run(self, shard, run):
             events.append(("samples", shard))

@@ -135,8 +135,10 @@ def check_fork_safe(method: str, groups) -> None:
     request threads a fork does not carry over (only where ``HYDRAX_START_METHOD=fork`` forces
     it): they would hang on their first request, until the batch timeout."""
     hazards = fork_hazards()
+    if method != "fork" or not hazards:
+        return
     remote = [run.index for run in groups if reads_ahead(run.group.data)]
-    if method == "fork" and hazards and remote:
+    if remote:
         raise StartMethodError(
             f"HYDRAX_START_METHOD=fork, but the data of group {remote[0]} reads remote shards and this process "
             f"runs {' and '.join(hazards)}, which forked workers do not inherit: they would hang on their first "

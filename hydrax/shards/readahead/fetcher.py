@@ -73,7 +73,6 @@ class HeldBurst:
     def __init__(self) -> None:
         self.messages: list[tuple] | None = None
         self._draining = False
-        self._counted: set[Any] = set()  # keys whose samples are in the fetcher's outstanding counts
 
     def hold(self, messages: Sequence[tuple], outstanding: dict[int, int]) -> None:
         """Hold ``messages`` after those held already, adding their announced samples to
@@ -86,23 +85,15 @@ class HeldBurst:
             shards, counts = np.unique(np.concatenate([m[2] for m in announced]), return_counts=True)
             for shard, n in zip(shards.tolist(), counts.tolist()):
                 outstanding[shard] = outstanding.get(shard, 0) + n
-            self._counted.update(m[1] for m in announced)
 
-    def counted_already(self, key: Any) -> bool:
-        """Whether the samples of announcement ``key`` were counted when it was held (once)."""
-        if key in self._counted:
-            self._counted.discard(key)
-            return True
-        return False
-
-    def release(self, loop: asyncio.AbstractEventLoop, apply: Callable[[tuple], None]) -> None:
-        """Hand what is held to ``apply`` from a task on ``loop`` (one task, however often this
-        is called before it ends)."""
+    def release(self, loop: asyncio.AbstractEventLoop, apply: Callable[[tuple, bool], None]) -> None:
+        """Hand what is held to ``apply(message, counted=True)`` (its samples were counted when it
+        was held) from a task on ``loop`` (one task, however often this is called before it ends)."""
         if self.messages is not None and not self._draining:
             self._draining = True
             loop.create_task(self._release_to(apply))
 
-    async def _release_to(self, apply: Callable[[tuple], None]) -> None:
+    async def _release_to(self, apply: Callable[[tuple, bool], None]) -> None:
         """:data:`DEFERRED_SLICE` messages between two turns of the loop, so that the first
         batch's reads go on meanwhile."""
         done = 0
@@ -110,7 +101,7 @@ class HeldBurst:
             part = self.messages[done : done + DEFERRED_SLICE]
             done += len(part)
             for message in part:
-                apply(message)
+                apply(message, True)
             await asyncio.sleep(0)
         self.messages, self._draining = None, False
 
@@ -216,13 +207,13 @@ class Fetcher:
                 self._burst.hold(messages[position + 1 :], self._outstanding)
                 return
 
-    def _apply(self, message: tuple) -> None:
+    def _apply(self, message: tuple, counted: bool = False) -> None:
         if message[0] == "announce":
-            self._announce(*message[1:])
+            self._announce(*message[1:], counted=counted)
         else:
             self._release(message[1])
 
-    def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str) -> None:
+    def _announce(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str, counted: bool = False) -> None:
         if not self._counts:
             # Nothing announced is waiting: a run starts (or resumes). Its first batches cannot
             # wait for chunks: their samples are also read singly, up to URGENT_BYTES.
@@ -231,7 +222,7 @@ class Fetcher:
         # Announcements come in bursts (a whole look-ahead at the start of a run): plan them
         # together, so the choice between fetching a shard's chunks and reading its samples sees them all.
         counts = dict(zip(*(a.tolist() for a in np.unique(shards, return_counts=True))))
-        if not self._burst.counted_already(key):
+        if not counted:  # (a held burst's samples were counted as it was held)
             for shard, n in counts.items():
                 self._outstanding[shard] = self._outstanding.get(shard, 0) + n
         self._counts[key] = counts
