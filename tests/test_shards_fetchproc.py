@@ -336,6 +336,37 @@ def test_a_burst_that_comes_in_parts_fetches_each_small_shard_once(watched_burst
     assert sorted(reads) == [("chunks", s) for s in range(4)], reads
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_workers_started_after_wait_prefetch_find_the_first_batch_on_its_way(proxied, tmp_path, processes):
+    """The Dataloader starts a run's workers once its data's wait_prefetch returns. The fetch
+    processes start as the first batch is announced, without holding up the announcements, and
+    wait_prefetch returns once they have planned their first batch: every sample of the first
+    batch is then found read ahead (written, or being written), none left to a worker's own
+    request, and the data is read from the store once."""
+    from hydrax.shards import ReadAhead
+    from hydrax.shards.readahead.localfiles import LocalFiles
+
+    options, proxy, client = proxied
+    urls = write_shards(tmp_path, client, count=4, per_shard=40, options=options)
+    dataset = ShardSet(urls, s3=options, cache_dir=str(tmp_path / "cache"), readahead=ReadAhead(fetch_processes=processes))
+    proxy.clear()
+    items = np.random.default_rng(5).permutation(len(dataset))
+    batches = [items[first : first + 10] for first in range(0, len(items), 10)]
+    try:
+        for key, batch in enumerate(batches, start=1):
+            dataset.prefetch(key, batch.tolist(), "random")
+        dataset.wait_prefetch()
+        files = LocalFiles()
+        shards, samples = dataset.locate(batches[0])
+        missing = [(s, i) for s, i in zip(shards.tolist(), samples.tolist()) if files.find(dataset.layout(s), i) is None]
+        assert missing == []
+        total = sum(dataset.shard_entry(s).size for s in range(4))
+        wait_for(lambda: dataset.readahead_stats["bytes"] >= total * 0.9, 10)
+        assert dataset.readahead_stats["bytes"] <= proxy.stats()["body_bytes_down"] < 1.1 * total
+    finally:
+        dataset.close()
+
+
 def test_the_first_batchs_indexes_are_loaded_once_before_the_fetch_process_starts(proxied, tmp_path):
     """load_first_indexes: the training process loads the indexes of the first batch's shards
     (while it waits for the fork server) into the local index cache, where the fetch process and

@@ -148,3 +148,33 @@ def test_a_worker_stops_waiting_for_a_file_whose_writer_died_and_a_new_writer_cl
     assert held == {os.path.join(layout.directory, chunk_name(0)): 9_000_000}
     assert os.path.exists(os.path.join(sibling.directory, part_name(chunk_name(0))))
     assert not os.path.exists(os.path.join(layout.directory, part_name(chunk_name(1))))
+
+
+def test_a_file_finished_while_a_worker_looks_is_found_not_read_again(tmp_path, monkeypatch):
+    """A worker looks for a sample's finished file, then for the file being written: a chunk
+    renamed into place between the two looks is still found (one more look), not left to the
+    worker's own request; a chunk neither written nor finished is."""
+    import numpy as np
+
+    from hydrax.shards.readahead import localfiles
+    from hydrax.shards.readahead.folders import chunk_name, part_name
+
+    layout = ShardLayout("s3://b/x.tar", "v1", np.array([0, 100]), np.array([100, 200]), str(tmp_path))
+    os.makedirs(layout.directory)
+    part = os.path.join(layout.directory, part_name(chunk_name(0)))
+    with open(part, "wb") as f:
+        f.write(b"x" * 200)
+    files = LocalFiles()
+    real_map = files._map
+
+    def map_then_finish(path):  # the writer renames the chunk just after the worker's first look
+        found = real_map(path)
+        if os.path.exists(part):
+            os.rename(part, path)
+        return found
+
+    monkeypatch.setattr(files, "_map", map_then_finish)
+    monkeypatch.setattr(localfiles, "WAIT_S", 0.0)
+    view, offset = files.find(layout, 1)
+    assert offset == 0 and bytes(view[100:200]) == b"x" * 100
+    assert LocalFiles().find(ShardLayout("s3://b/y.tar", "v1", np.array([0]), np.array([10]), str(tmp_path)), 0) is None

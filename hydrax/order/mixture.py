@@ -211,6 +211,14 @@ class Mixture(Sequence):
         for i in self._announced.pop(key, ()):
             self._sources[i].release(key)
 
+    def wait_prefetch(self) -> None:
+        """Wait until each source that reads ahead is at work on what it was told (see
+        :meth:`hydrax.shards.ShardSet.wait_prefetch`)."""
+        for i in self._readers():
+            wait = getattr(self._sources[i], "wait_prefetch", None)
+            if wait is not None:
+                wait()
+
     def __getstate__(self):
         # what was announced belongs to the process that announced it
         return {**self.__dict__, "_announced": {}}

@@ -159,14 +159,14 @@ def _on_backend(_backend) -> None:
     start_forkserver_early()
 
 
-def start_forkserver_early(background: bool = False, main_imports: bool = True) -> None:
+def start_forkserver_early(background: bool = False, main_imports: bool = True, modules: Sequence[str] = ()) -> None:
     """Start the fork server ahead of the run that will need it (JAX was just initialised, or a
     dataset made remote reads that a forked worker could not make), so that its imports are
     not on the way to the first batch; ``background`` starts it from a thread, so the caller
     does not wait the tenth of a second a start takes; ``main_imports=False`` imports only
     hydrax's worker code there (a run may follow at once: workers then import what else they
     use themselves, rather than wait for the server to import all the main module has, JAX
-    included). Never in a worker, a Ray worker or the server itself, nor while a run is loading.
+    included); ``modules`` are imported there too. Never in a worker, a Ray worker or the server itself, nor while a run is loading.
     """
     from . import forkserver as server_preload
 
@@ -181,7 +181,7 @@ def start_forkserver_early(background: bool = False, main_imports: bool = True) 
 
     def start() -> None:
         try:
-            warm_forkserver(main_imports=main_imports)
+            warm_forkserver(modules, main_imports=main_imports)
         except Exception:  # the run will start it later and report any problem then
             pass
 

@@ -90,6 +90,17 @@ class Announcer:
         self._ahead = deque((step, key if key is not None else self._announce(step)) for step, key in self._ahead)
         self.top_up()
 
+    def wait_started(self) -> None:
+        """Wait until the data told so far is at work on it (``wait_prefetch``, where the data has
+        it: a :class:`~hydrax.shards.ShardSet`'s fetch processes), before the workers start."""
+        for data in self._readers.values():
+            wait = getattr(data, "wait_prefetch", None)
+            if callable(wait):
+                try:
+                    wait()
+                except Exception:  # read-ahead is an optimisation: the workers still read what they need
+                    log.warning("[hydrax] read-ahead failed to start; loading goes on:", exc_info=True)
+
     def release(self, key: int | None) -> None:
         """The batch announced under ``key`` is loaded (or will not be): its data may let go of it."""
         group = self._announced.pop(key, None) if key is not None else None

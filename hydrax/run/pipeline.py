@@ -150,8 +150,10 @@ class Pipeline:
     def announce(self) -> None:
         """Tell data that reads ahead of the first batches now, so their bytes are on the way while
         the workers start. Only for workers started from the fork server: a forked worker must
-        not inherit the read-ahead's threads (the thread announces then, once they exist)."""
+        not inherit the read-ahead's threads (the thread announces then, once they exist). Returns
+        once the read-ahead is at work on them: workers started sooner would read them too."""
         self._announcer.start(self._inflight.values())
+        self._announcer.wait_started()
 
     def start(self) -> None:
         """Start the pipeline thread (the workers are started by then)."""

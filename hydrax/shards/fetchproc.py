@@ -60,6 +60,13 @@ CHECK_S = 0.2
 IDLE_S = 2.0
 #: How long starting a fetch process waits for it to be ready (typically a few tenths of a second).
 READY_WAIT_S = 10.0
+#: What the fork server imports besides hydrax's worker code when remote shards start it (a
+#: ShardSet, a fetch process): the fetch process and the workers then find the shards package and
+#: obstore there rather than import them each, on the first batch's way (20-30 ms here). Importing
+#: obstore starts no thread: the server still forks safely.
+SERVER_MODULES = ("hydrax.shards.fetchproc", "obstore.store")
+#: The fetch process's answer once it has planned the first batch announced to it.
+READY = "ready"
 #: How long a statistics request waits for the fetch process's answer.
 STATS_WAIT_S = 10.0
 #: How long :meth:`FetchProcess.close` waits for the fetch process to end before killing it.
@@ -91,7 +98,7 @@ def make_fetcher(shards: Any, options: ReadAhead, root: str, held: dict[str, int
         try:
             if count > 1:
                 return FetchPool(shards, options, root, held, thread_fetcher, count, sizes, held_urls or {})
-            return FetchProcess(shards, options, root, held, thread_fetcher)
+            return FetchProcess(shards, options, root, held, thread_fetcher)  # (not waited for: see wait_ready)
         except Exception as exc:  # noqa: BLE001  (any failure to start: the thread still reads ahead)
             log.warning("[hydrax] read-ahead runs in the training process (its fetch process did not start: %s)", exc)
     return thread_fetcher(options, held)
@@ -160,7 +167,7 @@ class FetchProcess:
     """
 
     def __init__(self, shards: Any, options: ReadAhead, root: str, held: dict[str, int] | None,
-                 fallback: ThreadFetcher | None = None, payload: bytes | None = None, wait: bool = True) -> None:
+                 fallback: ThreadFetcher | None = None, payload: bytes | None = None) -> None:
         self.options = options
         self._fallback = fallback  # makes the thread that reads ahead once fetch processes keep dying
         self._thread: Fetcher | None = None
@@ -180,45 +187,74 @@ class FetchProcess:
         self._serial = itertools.count(1)
         self._process = None
         self._start()
-        if wait:
-            self.wait_ready()
 
     def _start(self) -> None:
-        """Start a fetch process and its sending thread."""
-        warm_forkserver(main_imports=False)
+        """Start a fetch process and its sending thread, without waiting: the sending thread
+        launches it (the fork server may still be importing), and what is announced meanwhile
+        waits in its outbox, to go as one message."""
+        warm_forkserver(main_imports=False, modules=SERVER_MODULES)
         ctx = mp.get_context("forkserver")
         commands_r, commands_w = ctx.Pipe(duplex=False)
         replies_r, replies_w = ctx.Pipe(duplex=False)
         process = ctx.Process(target=fetch_main, name="hydrax-fetch", daemon=True,
                               args=(self._payload, self.options, self.root, self._seeded, set(self._writers),
                                     commands_r, replies_w, environment_snapshot()))
-        process.start()
-        self._writers.add(process.pid)
-        commands_r.close()
-        replies_w.close()
         self._process, self._replies, self._ready = process, replies_r, False
+        self._launched, self._launch_error = threading.Event(), None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._broken = self._idle = False
-        self._sender = threading.Thread(target=self._send_loop, args=(self._outbox, commands_w), name="hydrax-fetch-send", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, args=(self._outbox, commands_w, (commands_r, replies_w)),
+                                        name="hydrax-fetch-send", daemon=True)
         self._sender.start()
 
+    def _launch(self, child_ends: tuple) -> bool:
+        """Start the process (on the sending thread); False when it could not start."""
+        try:
+            self._process.start()
+            self._writers.add(self._process.pid)
+            return True
+        except Exception as exc:  # noqa: BLE001  (the fork server is gone, say)
+            self._launch_error = exc
+            return False
+        finally:
+            for end in child_ends:
+                end.close()
+            self._launched.set()
+
+    def _started(self) -> bool:
+        """Whether the process was launched (waiting for that first); a launch that failed is a
+        process that died, for :meth:`_check`."""
+        self._launched.wait()
+        return self._launch_error is None
+
     def wait_ready(self) -> None:
-        """Wait until the fetch process is ready: workers that start before it would read the
-        first batches' samples themselves, and it would fetch their chunks again."""
-        if self._ready or self._process is None:
+        """Wait until the fetch process has planned the first batch announced to it (its reads
+        have begun): workers that start before would read its samples themselves, and the fetch
+        process would fetch them again. Returns at once when nothing was announced to it."""
+        if self._ready or self._process is None or not self._announced:
             return
         self._ready = True
+        deadline = time.monotonic() + READY_WAIT_S
+        if not self._launched.wait(READY_WAIT_S) or self._launch_error is not None:
+            return  # (a launch that failed: the next check starts another)
         try:
-            if self._replies.poll(READY_WAIT_S):
-                self._replies.recv()
-            else:
-                log.warning("[hydrax] the read-ahead fetch process took more than %.0f s to start; going on", READY_WAIT_S)
+            while self._replies.poll(max(0.0, deadline - time.monotonic())):
+                answer, stats = self._replies.recv()
+                self._last = stats if stats is not None else self._last
+                if answer == READY:
+                    return
         except (EOFError, OSError):
-            pass  # it died at once: the first check starts another
+            return  # it died at once: the next check starts another
+        log.warning("[hydrax] the read-ahead fetch process took more than %.0f s to start; going on", READY_WAIT_S)
 
-    def _send_loop(self, outbox: queue.SimpleQueue, connection) -> None:
-        """The sending thread: the training process never waits for the fetch process to read.
-        Ends the fetch process once nothing is announced for :data:`IDLE_S`."""
+    def _send_loop(self, outbox: queue.SimpleQueue, connection, child_ends: tuple) -> None:
+        """The sending thread: launches the fetch process, then sends what is announced (the
+        training process never waits for the fetch process to read). Ends the fetch process once
+        nothing is announced for :data:`IDLE_S`."""
+        if not self._launch(child_ends):
+            self._broken = True  # the next check starts another (or gives up)
+            connection.close()
+            return
         while True:
             try:
                 message = outbox.get(timeout=IDLE_S)
@@ -266,7 +302,7 @@ class FetchProcess:
         if not ended and now - self._checked < CHECK_S:
             return False
         self._checked = now
-        if not ended and (self._process is None or self._process.is_alive()):
+        if not ended and (self._process is None or not self._launched.is_set() or self._process.is_alive()):
             return False
         died = not self._idle
         if self._process is not None:
@@ -277,10 +313,12 @@ class FetchProcess:
                 self._take_over()
                 return True
             self._restarts += 1
-            log.warning("[hydrax] the read-ahead fetch process died (exit code %s); starting it again", self._exitcode)
+            if self._launch_error is not None:
+                log.warning("[hydrax] the read-ahead fetch process did not start (%s); starting it again", self._launch_error)
+            else:
+                log.warning("[hydrax] the read-ahead fetch process died (exit code %s); starting it again", self._exitcode)
         try:
             self._start()
-            self.wait_ready()
         except Exception as exc:  # noqa: BLE001  (the fork server is gone, say)
             log.warning("[hydrax] the read-ahead fetch process could not start again: %s", exc)
             self._closed = True
@@ -310,10 +348,11 @@ class FetchProcess:
         """Keep the ended process's last statistics and let go of it, its pipes and its sending thread."""
         self._outbox.put(None)
         self._sender.join(CLOSE_WAIT_S)
-        self._process.join(CLOSE_WAIT_S)
-        if self._process.exitcode is None:
-            self._process.kill()
+        if self._started():
             self._process.join(CLOSE_WAIT_S)
+            if self._process.exitcode is None:
+                self._process.kill()
+                self._process.join(CLOSE_WAIT_S)
         self._exitcode = self._process.exitcode
         try:
             while self._replies.poll(0):  # a process that ended idle sent its final statistics
@@ -350,7 +389,8 @@ class FetchProcess:
             with self._lock:
                 if self._process is not None and self._idle:
                     self._retire()  # ended idle: its final statistics are in; the next announcement starts another
-                if self._closed or self._process is None or self._broken or not self._process.is_alive():
+                if (self._closed or self._process is None or self._broken or not self._launched.is_set()
+                        or not self._process.is_alive()):
                     return self._combined()  # a process that died counts what it last said
                 serial = next(self._serial)
                 self._outbox.put(("stats", serial))
@@ -359,6 +399,7 @@ class FetchProcess:
                 while self._replies.poll(max(0.0, deadline - time.monotonic())):
                     answer, stats = self._replies.recv()
                     self._last = stats if stats is not None else self._last
+                    self._ready |= answer == READY  # (not to be waited for again)
                     if answer == serial:
                         break
                 else:
@@ -414,9 +455,7 @@ class FetchPool:
         try:
             for i in range(count):
                 share = dataclasses.replace(options, max_bytes=budgets[i])
-                self._children.append(FetchProcess(shards, share, root, seeded[i], fallback, payload, wait=False))
-            for child in self._children:  # started together, then waited for together
-                child.wait_ready()
+                self._children.append(FetchProcess(shards, share, root, seeded[i], fallback, payload))
         except BaseException:
             self.close()
             raise
@@ -438,6 +477,12 @@ class FetchPool:
         """As :meth:`Fetcher.release <hydrax.shards.readahead.fetcher.Fetcher.release>`; never waits."""
         for i in self._routes.pop(key, ()):
             self._children[i].release(key)
+
+    def wait_ready(self) -> None:
+        """:meth:`FetchProcess.wait_ready` of each fetch process, started together (the fork server
+        starts one after another), waited for together."""
+        for child in self._children:
+            child.wait_ready()
 
     @property
     def stats(self) -> dict[str, int]:
@@ -471,9 +516,18 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, seeded: dict[str, 
     # Started again after another ended (idle, or dead): what it wrote whole is kept and counted,
     # what it left half-written goes.
     held = rescanned(root, seeded, writers) if writers else seeded
+    sending = threading.Lock()  # the fetcher's thread says it is ready, this one answers the rest
+
+    def reply(message: tuple) -> None:
+        with sending:
+            try:
+                replies.send(message)
+            except (OSError, ValueError):  # the training process is gone
+                pass
+
+    # Ready once the first batch is planned: the training process starts its workers then.
     fetcher = Fetcher(options, root, shards.layout, shards.layout_async,
-                      lambda s: store_for(shards.urls[s], shards.options), held)
-    replies.send((0, None))  # ready: the training process starts its workers once this is here
+                      lambda s: store_for(shards.urls[s], shards.options), held, planned=lambda: reply((READY, None)))
     try:
         while True:
             try:
@@ -484,12 +538,9 @@ def fetch_main(payload: bytes, options: ReadAhead, root: str, seeded: dict[str, 
             if kind == "updates":
                 fetcher.update(message[1])
             elif kind == "stats":
-                replies.send((message[1], dict(fetcher.stats)))
+                reply((message[1], dict(fetcher.stats)))
             else:
                 break
     finally:
         fetcher.close()
-        try:
-            replies.send((0, dict(fetcher.stats)))  # the final count, read when the process has ended
-        except (OSError, ValueError):
-            pass
+        reply((0, dict(fetcher.stats)))  # the final count, read when the process has ended

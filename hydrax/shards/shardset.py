@@ -56,7 +56,7 @@ from .imagesizes import image_sizes
 from .shardtable import ShardEntry, ShardTable, UrlList
 from .indexfile import ShardIndex
 from .setindex import SetIndex
-from .fetchproc import make_fetcher
+from .fetchproc import SERVER_MODULES, make_fetcher
 from .indexpool import index_in_processes, pool_size
 from .readahead.budget import Budget, choose_budget, data_budget, host_room
 from .readahead.fetcher import EMPTY_STATS, Fetcher
@@ -143,7 +143,7 @@ class ShardSet(Sequence["SampleRef"]):
             # Set-up is about to make remote requests, after which workers start from the fork
             # server: start it now, while set-up and the caller's next steps go on, rather
             # than when the first run starts.
-            start_forkserver_early(background=True, main_imports=False)
+            start_forkserver_early(background=True, main_imports=False, modules=SERVER_MODULES)
         pins: dict = {}
         self.options, urls = _pin(urls, revision, self.options, self.cache_dir, pins)
         self._root: str | None = None
@@ -154,23 +154,13 @@ class ShardSet(Sequence["SampleRef"]):
         if pins and write_index:
             record_revisions(pins, self.cache_dir)
         if self._remote is not None and self.readahead.enabled and self._root is None:
-            self._root = self._make_root(self._remote_bytes())
+            self._root = readahead_root(self, self.readahead, self._remote_bytes())
         self._init_process_state()
         if self._early_budget is not None:
             self._keep_budget(self._early_budget)
             log.info("[hydrax] %s: set-up kept %s bytes of the shards it read to index them as read-ahead", self,
                      f"{self._seeder.bytes:,}")
         self._early_budget = None
-
-    def _make_root(self, data_bytes: int) -> str:
-        """The read-ahead folder for ``data_bytes`` of remote shards: in a persistent cache, or
-        a private one (removed with this ShardSet)."""
-        if self.readahead.cache_dir is not None:
-            return os.path.join(self.readahead.cache_dir, "data")
-        # the folder goes in memory when it has room for the budget this set will ask for
-        root = private_root(self.readahead.max_bytes or data_budget(data_bytes))
-        finalizer(self, root)
-        return root
 
     def _seed_readahead(self, remote: list[ShardEntry], building: list[ShardEntry]) -> BuildSink | None:
         """Called by set-up once it knows the sizes of the ``remote`` shards and reads ``building``
@@ -179,7 +169,7 @@ class ShardSet(Sequence["SampleRef"]):
         files the fetcher would fetch, while the budget has room (see
         :class:`~hydrax.shards.readahead.seeder.ChunkSeeder`): the first epoch then reads them from there."""
         data_bytes = sum(max(0, entry.size or 0) for entry in remote)  # as _remote_bytes will count them
-        self._root = self._make_root(data_bytes)
+        self._root = readahead_root(self, self.readahead, data_bytes)
         self._early_budget = self._choose_budget(data_bytes)
         seeder = self._seeder = ChunkSeeder(self._root, self._early_budget.bytes)
 
@@ -409,6 +399,12 @@ class ShardSet(Sequence["SampleRef"]):
         if self._fetcher is not None:
             self._fetcher.release(key)
 
+    def wait_prefetch(self) -> None:
+        """Return once the read-ahead has planned the first batch announced (its fetch processes
+        start as it is announced; at most :data:`~hydrax.shards.fetchproc.READY_WAIT_S`): the
+        Dataloader starts a run's workers then, which would read its samples too if sooner."""
+        getattr(self._fetcher, "wait_ready", lambda: None)()
+
     @property
     def prefetch_items(self) -> int:
         """How many upcoming items are worth announcing: what the read-ahead budget holds when it
@@ -484,6 +480,17 @@ class ShardSet(Sequence["SampleRef"]):
 
     def __repr__(self) -> str:
         return f"ShardSet({len(self.urls)} shards, {len(self)} samples)"
+
+
+def readahead_root(owner: object, readahead: ReadAhead, data_bytes: int) -> str:
+    """The read-ahead folder of ``owner`` (a ShardSet) for ``data_bytes`` of remote shards: in the
+    persistent cache of ``readahead``, or a private one (removed with ``owner``)."""
+    if readahead.cache_dir is not None:
+        return os.path.join(readahead.cache_dir, "data")
+    # the folder goes in memory when it has room for the budget this set will ask for
+    root = private_root(readahead.max_bytes or data_budget(data_bytes))
+    finalizer(owner, root)
+    return root
 
 
 def _close_fetcher(fetcher: Any, private_root: str | None, owner: int) -> None:

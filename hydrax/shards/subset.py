@@ -89,6 +89,12 @@ class Subset(Sequence):
         if self._announced.pop(key, None) is not None:
             self._source.release(key)
 
+    def wait_prefetch(self) -> None:
+        """As the source's (see :meth:`hydrax.shards.ShardSet.wait_prefetch`)."""
+        wait = getattr(self._source, "wait_prefetch", None)
+        if wait is not None:
+            wait()
+
     def __getstate__(self):
         # what was announced belongs to the process that announced it
         return {**self.__dict__, "_announced": {}}

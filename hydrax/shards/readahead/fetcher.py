@@ -56,6 +56,9 @@ STREAMING_ORDERS = ("sequential", "shardwise")
 #: How long announcements gather before they are planned together (a run's first batch's too:
 #: the rest of its burst is counted meanwhile, see :class:`HeldBurst`).
 FLUSH_S = 0.002
+#: The longest the fetcher waits for the first batch's reads to begin before it says the batch
+#: is planned (:class:`Fetcher`'s ``planned``): a read waiting for room in the budget.
+BEGIN_WAIT_S = 0.05
 #: Announcements planned between two turns of the loop while the rest of a run's first burst is
 #: planned (after its first batch's reads went out).
 DEFERRED_SLICE = 32
@@ -115,11 +118,14 @@ class Fetcher:
     ``held`` (path -> size): files already written under ``root`` for it (by a
     :class:`~hydrax.shards.readahead.seeder.ChunkSeeder`), counted as held from the start and
     used as they are (its :class:`~hydrax.shards.readahead.holdings.Holdings` keeps them, with
-    every file it writes, within the budget).
+    every file it writes, within the budget). ``planned`` is called once, on the fetcher's
+    thread, when the first batch announced has been planned: its reads have begun (workers
+    that need its samples now wait for them rather than read them too).
     """
 
     def __init__(self, options: ReadAhead, root: str, layout: Callable[[int], ShardLayout],
-                 layout_async: Callable[[int], Any], store: Callable[[int], Any], held: dict[str, int] | None = None) -> None:
+                 layout_async: Callable[[int], Any], store: Callable[[int], Any], held: dict[str, int] | None = None,
+                 planned: Callable[[], None] | None = None) -> None:
         self.options = options
         self.root = root
         self._layout = layout
@@ -132,6 +138,7 @@ class Fetcher:
         self._burst = HeldBurst()  # the rest of a run's first burst, while its first batch is planned
         self._unplanned: set[Any] = set()
         self._flush_scheduled = False
+        self._planned = planned
         self._rank = 0  # announcements so far: the order batches are needed in
         self._ranks: dict[Any, int] = {}
         self._queue: list[tuple[int, int, int]] = []  # heap of (rank of the first batch needing it, shard, chunk)
@@ -248,7 +255,7 @@ class Fetcher:
             while first < len(pending):
                 part = pending[first : 2 * first + 1]
                 first += len(part)
-                unindexed = await self._load_layouts(part)
+                unindexed = await load_layouts(part, lambda s: self._limited(self._layout_async, s))
                 # Ranged reads of a slice are coalesced together (neighbours are often announced by
                 # different batches), and sent in the order of the first batch that needs each.
                 random_wanted: dict[int, dict[int, int]] = {}
@@ -265,20 +272,16 @@ class Fetcher:
                 if self._queue:
                     async with self._work:
                         self._work.notify_all()
+                self._tell_planned([item[0] for item in part])
         finally:  # whatever became of the first batch, the rest of the burst is planned
+            self._tell_planned([])
             self._burst.release(self._loop, self._apply)
 
-    async def _load_layouts(self, pending: list[tuple]) -> set[int]:
-        """Load the indexes of the shards ``pending`` batches read (those a manifest gave only
-        counts for), many at once; returns the shards whose index failed to load."""
-        shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
-        results = await asyncio.gather(*(self._limited(self._layout_async, s) for s in shards), return_exceptions=True)
-        unindexed = set()
-        for shard, result in zip(shards, results):
-            if isinstance(result, BaseException):
-                log.debug("read-ahead: no index for shard %d: %s", shard, result)
-                unindexed.add(shard)
-        return unindexed
+    def _tell_planned(self, keys: list) -> None:
+        planned, self._planned = self._planned, None  # (once: for a run's first batch)
+        if planned is not None:
+            units = [unit for key in keys for unit in self._batches.get(key, ())]
+            self._loop.create_task(when_begun(units, self._requests, planned))
 
     def _plan(self, key: Any, shards: np.ndarray, samples: np.ndarray, order: str, unindexed: set[int]) -> dict[int, list[int]]:
         """Refer batch ``key`` to the files it needs and queue the chunks to fetch; returns the
@@ -505,6 +508,30 @@ class Fetcher:
                     self._holdings.abandon(unit, parts[i] if i < len(parts) else None)
                     if i >= len(parts) and i < reserved:
                         self._holdings.bytes -= unit.size
+
+
+async def load_layouts(pending: list[tuple], load: Callable[[int], Any]) -> set[int]:
+    """Load the indexes of the shards ``pending`` announcements read (those a manifest gave only
+    counts for) with ``load(shard)``, many at once; returns the shards whose index failed to load."""
+    shards = sorted({s for _, shards, _, _ in pending for s in np.unique(shards).tolist()})
+    results = await asyncio.gather(*(load(s) for s in shards), return_exceptions=True)
+    unindexed = set()
+    for shard, result in zip(shards, results):
+        if isinstance(result, BaseException):
+            log.debug("read-ahead: no index for shard %d: %s", shard, result)
+            unindexed.add(shard)
+    return unindexed
+
+
+async def when_begun(units: Sequence[Unit], requests: asyncio.Semaphore, then: Callable[[], None]) -> None:
+    """Call ``then`` once the reads of ``units`` have begun their files (a worker that looks then
+    finds them), or wait: for one of the ``requests`` slots, or for room in the budget (at most
+    :data:`BEGIN_WAIT_S`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + BEGIN_WAIT_S
+    while any(unit.state in ("queued", "claimed") for unit in units) and not requests.locked() and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    then()
 
 
 def _span_size(layout: ShardLayout, chunk: int) -> int:

@@ -40,6 +40,7 @@ class LocalFiles:
         chunk_file = os.path.join(layout.directory, chunk_name(chunk))
         sample_file = os.path.join(layout.directory, sample_name(sample))
         deadline = None
+        last_look = False
         while True:
             view = self._maps.get(chunk_file)
             if view is not None:
@@ -53,9 +54,14 @@ class LocalFiles:
                     return f.read(), int(layout.starts[sample])
             except FileNotFoundError:
                 pass
+            if last_look:
+                return None
             if not (os.path.exists(os.path.join(layout.directory, part_name(chunk_name(chunk))))
                     or os.path.exists(os.path.join(layout.directory, part_name(sample_name(sample))))):
-                return None
+                # No file being written either: unless one was finished (renamed into place)
+                # between the two looks, which one more look finds.
+                last_look = True
+                continue
             now = time.monotonic()
             if deadline is None:
                 deadline, check = now + WAIT_S, now + WRITER_CHECK_S
