@@ -27,3 +27,24 @@ def test_the_package_exports_what_0_2_2_programs_import():
 
     assert {"Dataloader", "DataGroup", "TrainingBatch", "ValidationBatch", "is_worker"} <= set(hydrax.__all__)
     assert callable(importlib.import_module("hydrax.tqdm").tbatches)
+
+
+def test_names_come_on_first_use_so_the_fork_server_imports_no_more_than_workers_need():
+    """``import hydrax`` imports the errors and the process helpers only; every exported name, and
+    every subpackage as an attribute, comes on first use. So the loader fork server, which imports
+    the workers' code and the read-ahead (on the first batch's way: every millisecond of its
+    start-up is one of the first batch), loads no part of the training process's loader."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, hydrax, hydrax.procs.workers, hydrax.shards.fetchproc; "
+             "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('hydrax.')}))")
+    loaded = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    assert loaded.strip() == "['_core', 'errors', 'order', 'procs', 'shards']"
+    import hydrax
+
+    assert all(getattr(hydrax, name) is not None for name in hydrax.__all__)
+    assert hydrax.image.Coefs is importlib.import_module("hydrax.image").Coefs
+    assert "Dataloader" in dir(hydrax)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        hydrax.not_a_name  # noqa: B018

@@ -150,7 +150,9 @@ def _preload() -> None:
     if config["main"]:
         kind, target = config["main"]
         _install_stand_in(kind, target)
-    for name in ["hydrax.procs.workers", "cloudpickle", *config["modules"]]:
+    # numpy.ma: numpy 2.4 imports it at the first np.unique (15 ms), which the read-ahead's first
+    # plan and the workers' orders make; once here rather than in each process on the first batch's way.
+    for name in ["hydrax.procs.workers", "cloudpickle", "numpy.ma", *config["modules"]]:
         try:
             importlib.import_module(name)
         except BaseException:  # a worker that needs it reports the error itself
