@@ -253,6 +253,40 @@ def test_a_thread_takes_over_from_fetch_processes_that_keep_dying(proxied, tmp_p
     dataset.close()
 
 
+def test_fetch_processes_that_cannot_start_are_tried_again_then_a_thread_reads_ahead(proxied, tmp_path, caplog, monkeypatch):
+    """A fetch process starts on the training process's sending thread, without holding up the
+    announcements: one that cannot start (the fork server refuses it) is tried again up to
+    MAX_RESTARTS times, each failure logged, then a thread reads ahead; the run is not held up
+    waiting for it, and every sample comes once."""
+    import multiprocessing as mp
+
+    from hydrax.shards import fetchproc
+
+    real_start = mp.process.BaseProcess.start
+    tried = []
+
+    def refuse_fetch_processes(process):
+        if process.name == "hydrax-fetch":
+            tried.append(process.name)
+            raise OSError("the fork server is gone")
+        return real_start(process)
+
+    monkeypatch.setattr(mp.process.BaseProcess, "start", refuse_fetch_processes)
+    monkeypatch.setattr(fetchproc, "CHECK_S", 0.0)
+    options, proxy, client = proxied
+    dataset = ShardSet(write_shards(tmp_path, client, count=6, per_shard=40, options=options), s3=options,
+                       cache_dir=str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="hydrax.shards.fetchproc"):
+        started = time.monotonic()
+        seen = run_epochs(dataset, shuffle_first=True)
+    dataset.close()
+    assert sorted(c for _, _, cls in seen for c in cls) == list(range(240))
+    assert time.monotonic() - started < slack(30)
+    assert len(tried) == fetchproc.MAX_RESTARTS + 1
+    assert caplog.text.count("did not start (the fork server is gone)") == fetchproc.MAX_RESTARTS
+    assert "a thread of the training process reads ahead" in caplog.text
+
+
 def watched_fetcher(dataset, root: str, events: list):
     """A read-ahead Fetcher thread for ``dataset`` that appends ``("announce", key)`` as it plans
     each batch, ``("samples", shard)`` as it reads samples singly and ``("chunks", shard)`` as it

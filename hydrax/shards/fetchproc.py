@@ -62,8 +62,8 @@ IDLE_S = 2.0
 READY_WAIT_S = 10.0
 #: What the fork server imports besides hydrax's worker code when remote shards start it (a
 #: ShardSet, a fetch process): the fetch process and the workers then find the shards package and
-#: obstore there rather than import them each, on the first batch's way (20-30 ms here). Importing
-#: obstore starts no thread: the server still forks safely.
+#: obstore there rather than import them each, on the first batch's way (55-105 ms on the 2-core
+#: development machine). Importing obstore starts no thread: the server still forks safely.
 SERVER_MODULES = ("hydrax.shards.fetchproc", "obstore.store")
 #: The fetch process's answer once it has planned the first batch announced to it.
 READY = "ready"
@@ -222,10 +222,9 @@ class FetchProcess:
             self._launched.set()
 
     def _started(self) -> bool:
-        """Whether the process was launched (waiting for that first); a launch that failed is a
-        process that died, for :meth:`_check`."""
-        self._launched.wait()
-        return self._launch_error is None
+        """Whether the process was launched (waiting for the launch to end, at most
+        :data:`READY_WAIT_S`): one that failed, or never ended, has no process to join."""
+        return self._launched.wait(READY_WAIT_S) and self._launch_error is None
 
     def wait_ready(self) -> None:
         """Wait until the fetch process has planned the first batch announced to it (its reads
@@ -333,7 +332,7 @@ class FetchProcess:
         cannot start), with every batch still announced; without a thread to make, workers read
         what they need themselves."""
         how = "a thread of the training process reads ahead" if self._fallback else "workers read what they need themselves"
-        log.warning("[hydrax] the read-ahead fetch process died %d times; %s", self._restarts + 1, how)
+        log.warning("[hydrax] the read-ahead fetch process died or did not start %d times; %s", self._restarts + 1, how)
         if self._fallback is None:
             return
         try:
