@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import errors as errors  # (hydrax.errors.X after import hydrax, as before)
+from .errors import BatchFailedError, BatchTimeoutError, CheckpointMismatchError, WorkerError
 from .procs.processes import is_worker, watch_jax_start as _watch_jax_start
 
 __version__ = "0.3.0.dev0"
@@ -20,7 +21,6 @@ __version__ = "0.3.0.dev0"
 _NAMES = {
     "Batch": "run.batch", "TrainingBatch": "run.batch", "ValidationBatch": "run.batch",
     "bucket_groups": "run.buckets", "debug_batch_references": "debug",
-    "BatchFailedError": "errors", "BatchTimeoutError": "errors", "CheckpointMismatchError": "errors", "WorkerError": "errors",
     "DataGroup": "run.group", "ArrayLayout": "layout", "ArraySpec": "layout", "Dataloader": "run.loader",
     "Mixture": "order.mixture", "LoaderFunc": "types", "PlacementFunc": "types", "StartupFunc": "types",
 }
@@ -52,7 +52,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .debug import debug_batch_references
-    from .errors import BatchFailedError, BatchTimeoutError, CheckpointMismatchError, WorkerError
     from .layout import ArrayLayout, ArraySpec
     from .order.mixture import Mixture
     from .run.batch import Batch, TrainingBatch, ValidationBatch

@@ -166,7 +166,8 @@ def start_forkserver_early(background: bool = False, main_imports: bool = True, 
     does not wait the tenth of a second a start takes; ``main_imports=False`` imports only
     hydrax's worker code there (a run may follow at once: workers then import what else they
     use themselves, rather than wait for the server to import all the main module has, JAX
-    included); ``modules`` are imported there too. Never in a worker, a Ray worker or the server itself, nor while a run is loading.
+    included); ``modules`` are imported there too. Never in a worker, a Ray worker or the server
+    itself, nor while a run is loading.
     """
     from . import forkserver as server_preload
 
