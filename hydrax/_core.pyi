@@ -102,6 +102,7 @@ class JpegLibrary:
         sampling: tuple[tuple[int, int], ...],
         buffer: np.ndarray,
         stop: int = -1,
+        start: int = 0,
     ) -> int: ...
     @property
     def scanlines(self) -> bool: ...
@@ -188,3 +189,15 @@ class MixtureBlock:
         pass_keys: np.ndarray,
     ) -> None: ...
     def fill(self, first: int, out: np.ndarray) -> None: ...
+def scan_jpeg_markers(data: Any) -> tuple[int, int, tuple[tuple[int, int], ...], tuple[int, int] | None, tuple[tuple[int, int], ...]] | None: ...
+def random_resized_draws(
+    seed: int,
+    stream: int,
+    tries: int,
+    width: int,
+    height: int,
+    low_scale: float,
+    high_scale: float,
+    low_ratio: float,
+    high_ratio: float,
+) -> tuple[int, int, int, int] | None: ...

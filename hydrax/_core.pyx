@@ -31,6 +31,15 @@ extension to build and ship, with each family of kernels in an include file of i
   JPEG's EXIF orientation) without decoding it; :func:`read_image_headers` does so for many
   images in one buffer (a shard's members) without the GIL. Damaged bytes give a status code.
 
+- :func:`scan_jpeg_markers` walks a JPEG's markers to its scan for the decoder's header
+  (``hydrax.image.jpeg.read_header``): the frame, where the EXIF block and ICC chunks lie, and
+  whether anything there sends the file to Pillow.
+
+``_boxes.pxi``: crop boxes from item seeds.
+
+- :func:`random_resized_draws` draws a random resized crop's boxes (area, aspect, position) from
+  a counter-based stream of the item seed, as ``hydrax.image.random_resized_box`` documents.
+
 ``_pixels.pxi``: decoded images to batch values.
 
 - :func:`convert_pixels` takes decoded 8-bit pixels through the source profile's curves, a colour
@@ -77,7 +86,7 @@ extension to build and ship, with each family of kernels in an include file of i
 - :class:`MixtureBlock` holds a block's tables and does the shuffle, the slots and the items of
   a range of positions in one call (:meth:`MixtureBlock.fill`): a worker's share of a batch.
 
-``hydrax/_fallback.py`` has pure-Python twins of the tar, image header, permutation, shuffle and mixture kernels; the
+``hydrax/_fallback.py`` has pure-Python twins of the tar, image header, crop box, permutation, shuffle and mixture kernels; the
 tests use them as the oracle (and numpy itself for the shuffles).
 """
 
@@ -90,6 +99,7 @@ from libc.string cimport memcpy
 include "_arena.pxi"
 include "_tar.pxi"
 include "_imagesize.pxi"
+include "_boxes.pxi"
 include "_pixels.pxi"
 include "_resample.pxi"
 include "_planes.pxi"

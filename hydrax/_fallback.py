@@ -4,8 +4,10 @@ Same inputs, same outputs, no speed. A kernel can be rewritten for speed as long
 agreeing with its twin here. It also holds the numpy twins of the permutation kernels
 (``_permute.pxi``), :func:`feistel_permute` and :func:`feistel_windows`, and that of the shuffle
 kernel (``_shuffle.pxi``), :func:`shuffle_runs`, made of numpy's own generators, and that of
-the mixture kernel (``_mixture.pxi``), :func:`mixture_slots`, and that of the image header
-kernels (``_imagesize.pxi``), :func:`read_image_header` and :func:`read_image_headers`.
+the mixture kernel (``_mixture.pxi``), :func:`mixture_slots`, those of the image header
+kernels (``_imagesize.pxi``), :func:`read_image_header`, :func:`read_image_headers` and
+:func:`scan_jpeg_markers`, and that of the crop box kernel (``_boxes.pxi``),
+:func:`random_resized_draws`.
 """
 
 from __future__ import annotations
@@ -497,3 +499,109 @@ def read_image_headers(data, starts, lengths) -> tuple[np.ndarray, ...]:
     columns = list(zip(*rows)) or [()] * 6
     dtypes = (np.uint8, np.uint8, np.int32, np.int32, np.uint8, np.int64)
     return tuple(np.array(column, dtype) for column, dtype in zip(columns, dtypes))
+
+
+#: Start-of-frame markers the fast JPEG decode takes (baseline, extended, progressive Huffman);
+#: the others of _JPEG_FRAMES send a file to Pillow.
+_DECODED_FRAMES = (0xC0, 0xC1, 0xC2)
+#: Segments the walk steps over unread: tables, restart interval, JFIF, comment.
+_JPEG_UNREAD = frozenset({0xC4, 0xDB, 0xDD, 0xE0, 0xFE})
+
+
+def scan_jpeg_markers(data) -> tuple | None:
+    """Twin of ``_core.scan_jpeg_markers``: ``(width, height, sampling, exif, icc)`` from a
+    JPEG's markers up to its scan, or None where they send the file to Pillow's path."""
+    data = bytes(data)
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
+        return None
+    frame, exif, icc = None, None, []
+    at, end = 2, len(data)
+    while True:
+        if at + 4 > end or data[at] != 0xFF:
+            return None
+        while at < end and data[at] == 0xFF:  # fill bytes may precede a marker
+            at += 1
+        if at + 3 > end:
+            return None
+        marker = data[at]
+        length = (data[at + 1] << 8) | data[at + 2]
+        if length < 2 or at + 1 + length > end:
+            return None
+        start, at = at + 3, at + 1 + length
+        segment = data[start:at]
+        if marker in _JPEG_UNREAD:
+            continue
+        if marker == 0xDA:  # start of scan: the entropy-coded data follows
+            break
+        if marker in _DECODED_FRAMES:
+            if frame is not None:
+                return None
+            frame = _jpeg_frame(segment)
+            if frame is None:
+                return None
+        elif marker in _JPEG_FRAMES or not 0xC0 <= marker <= 0xFE or 0xD0 <= marker <= 0xD9:
+            return None  # another coding, or a marker that has no segment where one must be
+        elif marker == 0xE1 and segment[:6] == b"Exif\0\0":
+            if exif is not None:
+                return None
+            exif = (start + 6, at)
+        elif marker == 0xE1 and segment[:29] == b"http://ns.adobe.com/xap/1.0/\0" and b"Orientation" in segment:
+            return None
+        elif marker == 0xE2 and segment[:12] == b"ICC_PROFILE\0":
+            if len(segment) < 14:
+                return None
+            icc.append((start, at))
+        elif marker == 0xE2 and segment[:4] == b"MPF\0":
+            return None
+    if frame is None:
+        return None
+    return (*frame, exif, tuple(icc))
+
+
+def _jpeg_frame(segment: bytes) -> tuple[int, int, tuple[tuple[int, int], ...]] | None:
+    """(width, height, sampling factors) of an 8-bit frame of 1 or 3 components, else None."""
+    if len(segment) < 6:
+        return None
+    precision, height, width, components = segment[0], (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4], segment[5]
+    if precision != 8 or components not in (1, 3) or len(segment) < 6 + 3 * components or width < 1 or height < 1:
+        return None
+    sampling = tuple((segment[7 + 3 * c] >> 4, segment[7 + 3 * c] & 15) for c in range(components))
+    if not all(1 <= h <= 4 and 1 <= v <= 4 for h, v in sampling):
+        return None
+    return width, height, sampling
+
+
+def _splitmix(seed: int, stream: int) -> int:
+    """SplitMix64's finaliser of (seed, stream), modulo 2**64 (``hydrax.image.boxes.mix_seed``)."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
+def random_resized_draws(seed: int, stream: int, tries: int, width: int, height: int, low_scale: float,
+                         high_scale: float, low_ratio: float, high_ratio: float) -> tuple[int, int, int, int] | None:
+    """Twin of ``_core.random_resized_draws``: up to ``tries`` draws of an area (uniform in
+    ``low_scale``..``high_scale`` of the image's) and an aspect (log-uniform in the ratio
+    range), each keyed by ``(seed, stream)`` and the draw's number; the first box that fits, at a
+    uniform position, or None."""
+    import math
+
+    key = _splitmix(seed, stream)
+
+    def unit(draw: int) -> float:  # 53 random bits, uniform in [0, 1)
+        return (_splitmix(key, draw) >> 11) * 2.0**-53
+
+    def below(draw: int, count: int) -> int:  # uniform in 0..count-1
+        return (_splitmix(key, draw) * count) >> 64
+
+    area = width * height
+    log_low, log_high = math.log(low_ratio), math.log(high_ratio)
+    for draw in range(0, 4 * tries, 4):
+        target = area * (low_scale + (high_scale - low_scale) * unit(draw))
+        aspect = math.exp(log_low + (log_high - log_low) * unit(draw + 1))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = below(draw + 2, height - h + 1), below(draw + 3, width - w + 1)
+            return left, top, left + w, top + h
+    return None

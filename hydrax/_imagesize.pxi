@@ -272,3 +272,94 @@ def read_image_headers(const unsigned char[::1] data, const int64_t[::1] starts,
             offsets[i] = h.where
             good += h.status == IMG_OK
     return good
+
+
+# The markers a fast JPEG decode needs (hydrax.image.jpeg.read_header): the frame's size and
+# sampling, where the EXIF block and the ICC chunks lie, and whether anything in the markers
+# sends the file to Pillow instead. A kernel because every decoded JPEG asks it: the Python walk
+# cost about 20 us an image, a fifth of everything but libjpeg's own work. Its readable twin is
+# hydrax._fallback.scan_jpeg_markers; both must agree on every input (the image-size fuzzer checks).
+
+cdef bint _starts_with(const unsigned char* p, Py_ssize_t n, const char* prefix, Py_ssize_t k) noexcept nogil:
+    return n >= k and memcmp(p, prefix, k) == 0
+
+
+cdef bint _holds(const unsigned char* p, Py_ssize_t n, const char* word, Py_ssize_t k) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n - k + 1):
+        if memcmp(p + i, word, k) == 0:
+            return True
+    return False
+
+
+def scan_jpeg_markers(const unsigned char[::1] data):
+    """Walk a JPEG's markers from SOI to its scan: ``(width, height, sampling, exif, icc)``, or
+    None where they send the file to Pillow's path (see ``hydrax.image.jpeg.read_header``).
+
+    ``sampling`` is each component's (h, v) factor; ``exif`` the (start, end) of the first EXIF
+    block's TIFF data or None; ``icc`` the (start, end) of each ICC_PROFILE APP2 segment's
+    contents, in file order. None for: no SOI, a byte where a marker must be, a segment running
+    past the data, no frame or two frames, a frame that is not 8-bit Huffman (baseline, extended
+    or progressive) with 1 or 3 components sampled 1-4, a marker that has no segment before the
+    scan, a second EXIF block, an XMP block naming an orientation, a multi-picture (MPF) block,
+    an ICC chunk too short for its sequence numbers."""
+    cdef const unsigned char* p = &data[0] if data.shape[0] else NULL
+    cdef Py_ssize_t end = data.shape[0], at = 2, length, start, stop, c
+    cdef unsigned char marker
+    cdef Py_ssize_t width = -1, height = 0, components = 0, frame_at = 0
+    cdef Py_ssize_t exif_start = -1, exif_stop = -1
+    icc = []
+    if end < 4 or p[0] != 0xFF or p[1] != 0xD8 or p[2] != 0xFF:
+        return None
+    while True:
+        if at + 4 > end or p[at] != 0xFF:
+            return None
+        while at < end and p[at] == 0xFF:  # fill bytes may precede a marker
+            at += 1
+        if at + 3 > end:
+            return None
+        marker = p[at]
+        length = (<Py_ssize_t>p[at + 1] << 8) | p[at + 2]
+        if length < 2 or at + 1 + length > end:
+            return None
+        start, stop = at + 3, at + 1 + length
+        at = stop
+        if marker == 0xC4 or marker == 0xDB or marker == 0xDD or marker == 0xE0 or marker == 0xFE:
+            continue  # tables, restart interval, JFIF, comment: not read
+        if marker == 0xDA:
+            break
+        if marker == 0xC0 or marker == 0xC1 or marker == 0xC2:
+            if width >= 0 or stop - start < 6:
+                return None
+            height = (<Py_ssize_t>p[start + 1] << 8) | p[start + 2]
+            width = (<Py_ssize_t>p[start + 3] << 8) | p[start + 4]
+            components = p[start + 5]
+            if (p[start] != 8 or (components != 1 and components != 3) or stop - start < 6 + 3 * components
+                    or width < 1 or height < 1):
+                return None
+            for c in range(components):
+                if not (1 <= p[start + 7 + 3 * c] >> 4 <= 4 and 1 <= p[start + 7 + 3 * c] & 15 <= 4):
+                    return None
+            frame_at = start
+        elif (0xC3 <= marker <= 0xCF and marker != 0xC8 and marker != 0xCC) or marker < 0xC0 or marker == 0xFF \
+                or 0xD0 <= marker <= 0xD9:
+            return None  # another coding, or a marker that has no segment where one must be
+        elif marker == 0xE1:
+            if _starts_with(p + start, stop - start, b"Exif\0\0", 6):
+                if exif_start >= 0:
+                    return None  # several EXIF blocks: Pillow joins them
+                exif_start, exif_stop = start + 6, stop
+            elif (_starts_with(p + start, stop - start, b"http://ns.adobe.com/xap/1.0/\0", 29)
+                    and _holds(p + start, stop - start, b"Orientation", 11)):
+                return None  # Pillow reads the orientation from XMP when EXIF has none
+        elif marker == 0xE2:
+            if _starts_with(p + start, stop - start, b"ICC_PROFILE\0", 12):
+                if stop - start < 14:
+                    return None
+                icc.append((start, stop))
+            elif _starts_with(p + start, stop - start, b"MPF\0", 4):
+                return None  # a multi-picture file: Pillow opens it as MPO
+    if width < 0:
+        return None
+    sampling = tuple([(p[frame_at + 7 + 3 * c] >> 4, p[frame_at + 7 + 3 * c] & 15) for c in range(components)])
+    return width, height, sampling, None if exif_start < 0 else (exif_start, exif_stop), tuple(icc)

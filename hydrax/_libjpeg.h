@@ -46,6 +46,7 @@
 #define HX_JPEG_COMPONENT_SIZE 96
 #define HX_JPEG_H_SAMP 8
 #define HX_JPEG_V_SAMP 12
+#define HX_JPEG_COMPONENT_NEEDED 48
 /* Byte offsets in struct jpeg_error_mgr */
 #define HX_JPEG_ERROR_EXIT 0
 #define HX_JPEG_EMIT_MESSAGE 8
@@ -172,7 +173,7 @@ static int hx_jpeg_sampled_as(const hx_jpeg_job *job, const int *sampling)
 static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsigned char *data, size_t size,
                           unsigned int width, unsigned int height, const int *sampling,
                           unsigned char **rows[HX_MAX_COMPONENTS], ptrdiff_t imcu_rows, unsigned int max_lines,
-                          unsigned int stop)
+                          unsigned int stop, ptrdiff_t skip)
 {
     volatile int created = 0;
     volatile int status = 2;
@@ -200,8 +201,16 @@ static int hx_jpeg_planes(const hx_jpeg_api *api, hx_jpeg_job *job, const unsign
             for (m = 0; m < imcu_rows && HX_JPEG_FIELD(job, unsigned int, HX_JPEG_OUTPUT_SCANLINE) < stop; m++) {
                 unsigned char **planes[HX_MAX_COMPONENTS];
                 int c;
-                for (c = 0; c < HX_MAX_COMPONENTS; c++)
+                for (c = 0; c < HX_MAX_COMPONENTS; c++) {
                     planes[c] = rows[c] + m * HX_JPEG_MAX_LINES;
+                    /* The first skip iMCU rows are entropy-decoded (the data must be read through,
+                     * and damage there is still reported) but not transformed: the coefficient
+                     * controller leaves a component whose component_needed is false out of the
+                     * inverse DCT, and its rows in the planes unwritten. */
+                    if (m == 0 || m == skip)
+                        *(int *)(HX_JPEG_FIELD(job, unsigned char *, HX_JPEG_COMP_INFO) + c * HX_JPEG_COMPONENT_SIZE +
+                                 HX_JPEG_COMPONENT_NEEDED) = m >= skip;
+                }
                 if (api->read_raw(job->cinfo.bytes, planes, max_lines) == 0)
                     break;
             }

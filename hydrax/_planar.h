@@ -146,6 +146,72 @@ HX_TARGET_AVX2 static ptrdiff_t hx_plane_horizontal4_avx2(const int16_t *src, co
 }
 #endif
 
+/* Rows a block of the plane kernels makes at once (hx_plane_block). */
+#define HX_BLOCK 16
+
+#ifdef HX_PLANAR_AVX2
+/* Sixteen rows at a time (AVX2 only): the horizontal pass reads one value of sixteen rows in one
+ * load when the rows are transposed, where row by row it reads each output pixel's taps apart.
+ * HX_BLOCK rows of the vertical pass are transposed (hx_transpose16), filtered across
+ * (hx_plane_horizontal16_avx2) and transposed back, with the same integer sums as the row by row
+ * kernels, so every level still gives the same values. */
+
+/* The 16 x 16 block of int16 at src (rows src_stride values apart) into dest, transposed (dest's
+ * row c, dest_stride values apart, holds src's column c). */
+HX_TARGET_AVX2 static void hx_transpose16(const int16_t *src, ptrdiff_t src_stride, int16_t *dest, ptrdiff_t dest_stride)
+{
+    __m256i a[16], b[16];
+    int i;
+    for (i = 0; i < 16; i++)
+        a[i] = _mm256_loadu_si256((const __m256i *)(src + i * src_stride));
+    for (i = 0; i < 8; i++) { /* rows 2i and 2i + 1 interleaved: columns 0-3 | 8-11, then 4-7 | 12-15 */
+        b[i] = _mm256_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+        b[i + 8] = _mm256_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    for (i = 0; i < 4; i++) { /* rows 4i..4i+3: columns 0,1 | 8,9; 2,3 | 10,11; 4,5 | 12,13; 6,7 | 14,15 */
+        a[i] = _mm256_unpacklo_epi32(b[2 * i], b[2 * i + 1]);
+        a[i + 4] = _mm256_unpackhi_epi32(b[2 * i], b[2 * i + 1]);
+        a[i + 8] = _mm256_unpacklo_epi32(b[2 * i + 8], b[2 * i + 9]);
+        a[i + 12] = _mm256_unpackhi_epi32(b[2 * i + 8], b[2 * i + 9]);
+    }
+    for (i = 0; i < 4; i++) { /* columns 2i, 2i + 1 (and 8 more): rows 0-7 and rows 8-15, then whole */
+        const __m256i *g = a + 4 * i;
+        const __m256i c0 = _mm256_unpacklo_epi64(g[0], g[1]), c1 = _mm256_unpackhi_epi64(g[0], g[1]);
+        const __m256i d0 = _mm256_unpacklo_epi64(g[2], g[3]), d1 = _mm256_unpackhi_epi64(g[2], g[3]);
+        _mm256_storeu_si256((__m256i *)(dest + (2 * i) * dest_stride), _mm256_permute2x128_si256(c0, d0, 0x20));
+        _mm256_storeu_si256((__m256i *)(dest + (2 * i + 8) * dest_stride), _mm256_permute2x128_si256(c0, d0, 0x31));
+        _mm256_storeu_si256((__m256i *)(dest + (2 * i + 1) * dest_stride), _mm256_permute2x128_si256(c1, d1, 0x20));
+        _mm256_storeu_si256((__m256i *)(dest + (2 * i + 9) * dest_stride), _mm256_permute2x128_si256(c1, d1, 0x31));
+    }
+}
+
+/* hx_plane_horizontal for HX_BLOCK rows at once, from their values transposed (value x of the 16
+ * rows at src + 16 * x, readable up to the last pixel's bound + kpad) into dest transposed
+ * (output pixel xx of the 16 rows at dest + 16 * xx). kpad is even. */
+HX_TARGET_AVX2 static void hx_plane_horizontal16_avx2(const int16_t *src, const int32_t *bounds, ptrdiff_t shift,
+                                                      const int16_t *w, ptrdiff_t kpad, ptrdiff_t out_size,
+                                                      int16_t *dest)
+{
+    const __m256i half = _mm256_set1_epi32(1 << (HX_WBITS - 1));
+    ptrdiff_t xx, k;
+    for (xx = 0; xx < out_size; xx++) {
+        const int16_t *p = src + (bounds[2 * xx] - shift) * HX_BLOCK;
+        const int16_t *wx = w + xx * kpad;
+        __m256i lo = half, hi = half; /* rows 0-3 | 8-11 and 4-7 | 12-15, as unpacking leaves them */
+        for (k = 0; k < kpad; k += 2) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(p + k * HX_BLOCK));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + (k + 1) * HX_BLOCK));
+            int32_t pair;
+            memcpy(&pair, wx + k, sizeof(pair)); /* taps k and k + 1, as pmaddwd pairs them */
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(v0, v1), _mm256_set1_epi32(pair)));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(v0, v1), _mm256_set1_epi32(pair)));
+        }
+        _mm256_storeu_si256((__m256i *)(dest + xx * HX_BLOCK),
+                            _mm256_packs_epi32(_mm256_srai_epi32(lo, HX_WBITS), _mm256_srai_epi32(hi, HX_WBITS)));
+    }
+}
+#endif
+
 /* One output row of the vertical pass: count rows of n bytes (row_stride apart, the first at src)
  * weighed by w (count weights) into n values. */
 static void hx_plane_vertical(const uint8_t *src, ptrdiff_t row_stride, ptrdiff_t n, ptrdiff_t count,
@@ -252,6 +318,43 @@ static void hx_plane_horizontal(const int16_t *src, const int32_t *bounds, ptrdi
             s += (int32_t)p[k] * w[xx * kpad + k];
         dest[xx] = hx_sat16(s >> HX_WBITS);
     }
+}
+
+/* Output rows y0 .. y0 + HX_BLOCK - 1 of one plane (rows past out_h - 1 repeat that one), made as
+ * hx_plane_vertical and hx_plane_horizontal make them row by row, with the same values: the
+ * vertical pass of each into rows (HX_BLOCK rows of n16 values, n16 = n rounded up to 16, zero
+ * past n), transposed into cols (n16 + kpad columns of HX_BLOCK values, zero past n16), the
+ * horizontal pass into across (out16 columns, out16 = out_w rounded up to 16, zero past out_w),
+ * transposed back into dest (HX_BLOCK rows of out16 values). The vertical pass reads columns
+ * first .. first + n - 1 of src, the rows' taps say which rows. Returns 0, with nothing made,
+ * where the AVX2 kernels do not run (the caller goes row by row). */
+static int hx_plane_block(const uint8_t *src, ptrdiff_t stride, const int32_t *row_bounds, const int16_t *row_w,
+                          ptrdiff_t row_kpad, ptrdiff_t y0, ptrdiff_t out_h, ptrdiff_t first, ptrdiff_t n,
+                          const int32_t *col_bounds, const int16_t *col_w, ptrdiff_t col_kpad, ptrdiff_t out_w,
+                          int16_t *rows, int16_t *cols, int16_t *across, int16_t *dest)
+{
+#ifdef HX_PLANAR_AVX2
+    const ptrdiff_t n16 = (n + 15) / 16 * 16, out16 = (out_w + 15) / 16 * 16;
+    ptrdiff_t r, x;
+    if (hx_planar_level < 2 || col_kpad % 2 != 0)
+        return 0;
+    for (r = 0; r < HX_BLOCK; r++) {
+        const ptrdiff_t yy = y0 + r < out_h ? y0 + r : out_h - 1;
+        hx_plane_vertical(src + row_bounds[2 * yy] * stride + first, stride, n, row_bounds[2 * yy + 1],
+                          row_w + yy * row_kpad, rows + r * n16);
+    }
+    for (x = 0; x < n16; x += 16)
+        hx_transpose16(rows + x, n16, cols + x * HX_BLOCK, HX_BLOCK);
+    hx_plane_horizontal16_avx2(cols, col_bounds, first, col_w, col_kpad, out_w, across);
+    for (x = 0; x < out16; x += 16)
+        hx_transpose16(across + x * HX_BLOCK, HX_BLOCK, dest + x, out16);
+    return 1;
+#else
+    (void)src; (void)stride; (void)row_bounds; (void)row_w; (void)row_kpad; (void)y0; (void)out_h; (void)first;
+    (void)n; (void)col_bounds; (void)col_w; (void)col_kpad; (void)out_w; (void)rows; (void)cols; (void)across;
+    (void)dest;
+    return 0;
+#endif
 }
 
 #ifdef HX_PLANAR_AVX2

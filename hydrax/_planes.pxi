@@ -19,6 +19,11 @@ cdef extern from "_planar.h":
                              Py_ssize_t kpad, Py_ssize_t out_size, int16_t* dest) noexcept nogil
     void hx_ycc_row(const int16_t* y, const int16_t* cb, const int16_t* cr, Py_ssize_t n,
                     unsigned char* rgb, Py_ssize_t plane) noexcept nogil
+    int HX_BLOCK
+    int hx_plane_block(const unsigned char* src, Py_ssize_t stride, const int32_t* row_bounds, const int16_t* row_w,
+                       Py_ssize_t row_kpad, Py_ssize_t y0, Py_ssize_t out_h, Py_ssize_t first, Py_ssize_t n,
+                       const int32_t* col_bounds, const int16_t* col_w, Py_ssize_t col_kpad, Py_ssize_t out_w,
+                       int16_t* rows, int16_t* cols, int16_t* across, int16_t* dest) noexcept nogil
 
 cdef extern from "_libjpeg.h":
     ctypedef struct hx_jpeg_api:
@@ -32,7 +37,7 @@ cdef extern from "_libjpeg.h":
     int hx_jpeg_bind(const char* path, hx_jpeg_api* api) noexcept nogil
     int hx_jpeg_planes(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
                        unsigned int width, unsigned int height, const int* sampling, unsigned char*** rows,
-                       Py_ssize_t imcu_rows, unsigned int max_lines, unsigned int stop) noexcept nogil
+                       Py_ssize_t imcu_rows, unsigned int max_lines, unsigned int stop, Py_ssize_t skip) noexcept nogil
     int hx_jpeg_region(const hx_jpeg_api* api, hx_jpeg_job* job, const unsigned char* data, size_t size,
                        unsigned int width, unsigned int height, int components, unsigned int denom, unsigned int left,
                        unsigned int right, unsigned int top, unsigned int bottom, unsigned char* dest,
@@ -92,12 +97,15 @@ cdef class JpegLibrary:
             raise OSError(f"cannot use {self.path!r} as libjpeg-turbo: it does not open, or lacks libjpeg's functions")
 
     def decode_planes(self, const unsigned char[::1] data, Py_ssize_t width, Py_ssize_t height, tuple sampling,
-                      unsigned char[::1] buffer, Py_ssize_t stop=-1):
+                      unsigned char[::1] buffer, Py_ssize_t stop=-1, Py_ssize_t start=0):
         """Decode the JPEG ``data`` (``width`` x ``height``, YCbCr, components sampled as
         ``sampling``) into ``buffer`` (at least :func:`jpeg_plane_layout`'s size, 16-byte
         aligned) as that layout says. With ``stop`` (1 to ``height``), only the iMCU rows up to
         the one holding luma row ``stop - 1`` are decoded (the planes' rows below are then not
-        written, and any damage there goes unseen). Returns 0, 1 where libjpeg reported an error or a warning
+        written, and any damage there goes unseen). With ``start``, the iMCU rows above the one
+        holding luma row ``start`` are read but not transformed: their rows in the planes are
+        not written (chroma rows too: a caller reading chroma row r of a plane at 1/k of luma's
+        height must give a ``start`` of at most k * r). Returns 0, 1 where libjpeg reported an error or a warning
         (the planes are then not usable), or 2 where the file is not what the arguments say (its
         size, components, colour space or sampling factors: nothing is then written)."""
         planes, size = jpeg_plane_layout(width, height, sampling)
@@ -107,6 +115,8 @@ cdef class JpegLibrary:
             raise ValueError("stop must be a positive number of rows, or -1 for all")
         if stop < 0 or stop > height:
             stop = height
+        if start < 0:
+            raise ValueError("start must be a row of the image, or 0")
         if data.shape[0] == 0:
             return 2
         cdef Py_ssize_t vmax = max(v for h, v in sampling)
@@ -133,7 +143,7 @@ cdef class JpegLibrary:
         cdef int status
         with nogil:
             status = hx_jpeg_planes(&self.api, job, &data[0], data.shape[0], width, height, factors, components,
-                                    imcu_rows, 8 * vmax, stop)
+                                    imcu_rows, 8 * vmax, stop, start // (8 * vmax))
         free(pointers)
         free(job)
         return status
@@ -259,34 +269,86 @@ cdef void _planes_rows(const unsigned char** sources, const Py_ssize_t* strides,
                        Py_ssize_t chroma_span, unsigned char* line, float* scratch, pixel_out_t* out, bint chw,
                        bint flip, const ColourPlan* plan) noexcept nogil:
     cdef Py_ssize_t out_width = luma_columns.out_size, out_height = luma_rows.out_size, yy
-    cdef Py_ssize_t plane = out_width * out_height
-    cdef Py_ssize_t out_channels = plan.out_channels if plan != NULL else 3
     cdef int16_t* filtered_cb = values + luma_span
     cdef int16_t* filtered_cr = filtered_cb + chroma_span
     cdef int16_t* finished = filtered_cr + chroma_span
+    if _planes_blocks(sources, strides, luma_columns, luma_rows, chroma_columns, chroma_rows, line, scratch, out, chw,
+                      flip, plan):
+        return
     for yy in range(out_height):
         _plane_row(sources[0], strides[0], luma_columns, luma_rows, yy, values, finished)
         _plane_row(sources[1], strides[1], chroma_columns, chroma_rows, yy, filtered_cb, finished + out_width)
         _plane_row(sources[2], strides[2], chroma_columns, chroma_rows, yy, filtered_cr, finished + 2 * out_width)
-        if plan != NULL and plan.lut != NULL:  # a table per channel: look each up in its own row
-            hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, out_width)
-            _lookup_planes(plan, line, <const pixel_out_t*>plan.lut,
-                           out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane, chw, flip)
-            continue
-        if pixel_out_t is uint8_t:
-            if plan != NULL and plan.codes != NULL and out_channels == 3 and hx_planar_level >= 2:
-                # wide-gamut into 8-bit sRGB: the matrix and codes from rows of their own, eight pixels a time
-                hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, out_width)
-                _codes_planes(plan, line, out + (yy * out_width if chw else yy * out_width * 3), out_width, plane, chw,
-                              flip)
-                continue
-        hx_ycc_row(finished, finished + out_width, finished + 2 * out_width, out_width, line, 0)
-        if plan == NULL:
-            if pixel_out_t is uint8_t:  # resample_planes_into allows no other
-                _copy_row(line, out + (yy * out_width if chw else yy * out_width * 3), out_width, 3, plane, chw, flip)
-        else:
-            _convert_row(plan, line, out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane,
-                         chw, flip, scratch)
+        _finish_row(finished, finished + out_width, finished + 2 * out_width, yy, line, scratch, out, chw, flip, plan,
+                    out_width, out_height)
+
+
+cdef bint _planes_blocks(const unsigned char** sources, const Py_ssize_t* strides, Taps luma_columns, Taps luma_rows,
+                         Taps chroma_columns, Taps chroma_rows, unsigned char* line, float* scratch, pixel_out_t* out,
+                         bint chw, bint flip, const ColourPlan* plan) noexcept nogil:
+    """What :func:`_planes_rows` does, HX_BLOCK rows at a time (hx_plane_block: the same values);
+    False, with nothing written, where those kernels do not run or memory is short."""
+    cdef Py_ssize_t out_width = luma_columns.out_size, out_height = luma_rows.out_size, y0, r, c
+    cdef Py_ssize_t out16 = (out_width + 15) // 16 * 16
+    cdef Py_ssize_t kpad = max(luma_columns.kpad, chroma_columns.kpad)
+    cdef Py_ssize_t n16 = (max(luma_columns.last - luma_columns.first, chroma_columns.last - chroma_columns.first)
+                           + 15) // 16 * 16
+    if hx_planar_level < 2 or HX_BLOCK != 16 or luma_columns.kpad % 2 or chroma_columns.kpad % 2:
+        return False
+    # the vertical rows, their columns, the horizontal pass's columns, each plane's finished rows
+    cdef int16_t* block = <int16_t*>calloc(HX_BLOCK * (2 * n16 + kpad + out16 + 3 * out16), sizeof(int16_t))
+    if block == NULL:
+        return False
+    cdef int16_t* rows_buffer = block
+    cdef int16_t* cols_buffer = rows_buffer + HX_BLOCK * n16
+    cdef int16_t* across = cols_buffer + HX_BLOCK * (n16 + kpad)
+    cdef int16_t* finished = across + HX_BLOCK * out16
+    for y0 in range(0, out_height, 16):  # HX_BLOCK, as a constant Cython can count with
+        _plane_block(sources[0], strides[0], luma_columns, luma_rows, y0, rows_buffer, cols_buffer, across, finished)
+        for c in range(1, 3):
+            _plane_block(sources[c], strides[c], chroma_columns, chroma_rows, y0, rows_buffer, cols_buffer, across,
+                         finished + c * HX_BLOCK * out16)
+        for r in range(min(HX_BLOCK, out_height - y0)):
+            _finish_row(finished + r * out16, finished + HX_BLOCK * out16 + r * out16,
+                        finished + 2 * HX_BLOCK * out16 + r * out16, y0 + r, line, scratch, out, chw, flip, plan,
+                        out_width, out_height)
+    free(block)
+    return True
+
+
+cdef void _plane_block(const unsigned char* src, Py_ssize_t stride, Taps columns, Taps rows, Py_ssize_t y0,
+                       int16_t* rows_buffer, int16_t* cols_buffer, int16_t* across, int16_t* dest) noexcept nogil:
+    """HX_BLOCK output rows of one plane from ``y0`` on into ``dest`` (see hx_plane_block)."""
+    hx_plane_block(src, stride, rows.bounds, rows.short_weights, rows.kpad, y0, rows.out_size, columns.first,
+                   columns.last - columns.first, columns.bounds, columns.short_weights, columns.kpad, columns.out_size,
+                   rows_buffer, cols_buffer, across, dest)
+
+
+cdef void _finish_row(const int16_t* y, const int16_t* cb, const int16_t* cr, Py_ssize_t yy, unsigned char* line,
+                      float* scratch, pixel_out_t* out, bint chw, bint flip, const ColourPlan* plan,
+                      Py_ssize_t out_width, Py_ssize_t out_height) noexcept nogil:
+    """Output row ``yy`` from its resampled Y, Cb and Cr: converted to RGB, then through the
+    colour ``plan`` (or as they are) into the slot."""
+    cdef Py_ssize_t plane = out_width * out_height
+    cdef Py_ssize_t out_channels = plan.out_channels if plan != NULL else 3
+    if plan != NULL and plan.lut != NULL:  # a table per channel: look each up in its own row
+        hx_ycc_row(y, cb, cr, out_width, line, out_width)
+        _lookup_planes(plan, line, <const pixel_out_t*>plan.lut,
+                       out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane, chw, flip)
+        return
+    if pixel_out_t is uint8_t:
+        if plan != NULL and plan.codes != NULL and out_channels == 3 and hx_planar_level >= 2:
+            # wide-gamut into 8-bit sRGB: the matrix and codes from rows of their own, eight pixels a time
+            hx_ycc_row(y, cb, cr, out_width, line, out_width)
+            _codes_planes(plan, line, out + (yy * out_width if chw else yy * out_width * 3), out_width, plane, chw, flip)
+            return
+    hx_ycc_row(y, cb, cr, out_width, line, 0)
+    if plan == NULL:
+        if pixel_out_t is uint8_t:  # resample_planes_into allows no other
+            _copy_row(line, out + (yy * out_width if chw else yy * out_width * 3), out_width, 3, plane, chw, flip)
+    else:
+        _convert_row(plan, line, out + (yy * out_width if chw else yy * out_width * out_channels), out_width, plane,
+                     chw, flip, scratch)
 
 
 cdef void _lookup_planes(const ColourPlan* p, const unsigned char* rgb, const pixel_out_t* table, pixel_out_t* o,

@@ -1,4 +1,5 @@
-"""Mutation fuzzing of the image header kernels (``_core.read_image_header``, ``_core.read_image_headers``).
+"""Mutation fuzzing of the image header kernels (``_core.read_image_header``, ``_core.read_image_headers``,
+``_core.scan_jpeg_markers``).
 
 Valid JPEG (baseline, progressive, gray, with EXIF in either byte order, with fill bytes and
 standalone markers), PNG, WebP (lossy, lossless, extended with alpha) and GIF headers are
@@ -9,7 +10,8 @@ signatures; GIF sizes), so that the damage reaches every branch instead of stopp
 signature. For every mutant:
 
 - the kernels return, never crash or hang (each batch runs in a child process with a deadline);
-- they agree with their pure-Python twins in ``hydrax/_fallback.py`` on every output;
+- they agree with their pure-Python twins in ``hydrax/_fallback.py`` on every output, and so
+  does ``_core.scan_jpeg_markers`` (the marker walk of the decoder's ``read_header``);
 - a size they report is positive, with an orientation of 1-8; a failure reports no size and an
   offset inside the data;
 - the same bytes as a span of a larger buffer, with other bytes after them, give the same
@@ -185,6 +187,8 @@ def check(data: bytes, rng: random.Random) -> None:
         assert status != 0 and str(exc).startswith(f"bytes of length {len(data)}: "), (result, str(exc))
     else:
         assert status == 0 and size == ((height, width) if orientation >= 5 else (width, height))
+    markers = _core.scan_jpeg_markers(data)
+    assert markers == _fallback.scan_jpeg_markers(data), f"markers {markers} != twin {_fallback.scan_jpeg_markers(data)}"
     if fmt == 1:
         header = read_header(memoryview(data))
         if header is not None:

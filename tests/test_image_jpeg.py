@@ -317,7 +317,8 @@ def test_the_abi_offsets_are_those_of_an_installed_jpeglib(tmp_path):
     lines = [f'printf("{name} %zu\\n", offsetof(struct jpeg_decompress_struct, {field}));' for name, field in fields.items()]
     lines += ['printf("HX_JPEG_COMPONENT_SIZE %zu\\n", sizeof(jpeg_component_info));',
               'printf("HX_JPEG_H_SAMP %zu\\n", offsetof(jpeg_component_info, h_samp_factor));',
-              'printf("HX_JPEG_V_SAMP %zu\\n", offsetof(jpeg_component_info, v_samp_factor));']
+              'printf("HX_JPEG_V_SAMP %zu\\n", offsetof(jpeg_component_info, v_samp_factor));',
+              'printf("HX_JPEG_COMPONENT_NEEDED %zu\\n", offsetof(jpeg_component_info, component_needed));']
     lines += ['printf("HX_JPEG_STRUCT_SIZE %zu\\n", sizeof(struct jpeg_decompress_struct));',
               'printf("HX_JPEG_ERROR_SIZE %zu\\n", sizeof(struct jpeg_error_mgr));',
               'printf("HX_JPEG_ERROR_EXIT %zu\\n", offsetof(struct jpeg_error_mgr, error_exit));',

@@ -71,6 +71,36 @@ def test_the_box_lies_inside_the_image_and_replays_from_its_seed(width, height):
     assert random_resized_box(width, height, 2**70 + 5) == random_resized_box(width, height, 2**70 + 5)
 
 
+def test_the_kernel_draws_the_boxes_of_its_readable_twin():
+    """_core.random_resized_draws against hydrax._fallback.random_resized_draws, draw for draw:
+    10^5 boxes over image sizes, seeds (negative, past 64 bits), scales and ratios, edges included;
+    random_resized_box takes the centred box where no draw fits."""
+    from hydrax import _core, _fallback
+    from hydrax.image.boxes import TRIES
+
+    rng = random.Random(41)
+    sizes = [(500, 375), (1600, 1200), (1, 1), (3, 1000), (1000, 3), (2**31 - 1, 7)]
+    fallbacks = 0
+    for n in range(SEEDS):
+        width, height = sizes[n % len(sizes)] if n % 2 else (rng.randint(1, 5000), rng.randint(1, 5000))
+        seed = rng.choice([rng.getrandbits(64), n, -rng.getrandbits(40), rng.getrandbits(80)]) & (2**64 - 1)
+        scale = rng.choice([(0.08, 1.0), (0.5, 0.5), (1.0, 1.0), (0.01, 3.0), (rng.uniform(0.01, 1), 1.0), (2.0, 3.0)])
+        ratio = rng.choice([(3 / 4, 4 / 3), (1.0, 1.0), (0.1, 10.0), (2.0, 5.0)])
+        drawn = _core.random_resized_draws(seed, 4, TRIES, width, height, *scale, *ratio)
+        assert drawn == _fallback.random_resized_draws(seed, 4, TRIES, width, height, *scale, *ratio), (
+            width, height, seed, scale, ratio)
+        fallbacks += drawn is None
+        assert random_resized_box(width, height, seed, scale, ratio) == (
+            centre_box(width, height, *ratio) if drawn is None else drawn)
+    assert fallbacks > 1000  # the ranges above make every draw miss often enough to test the fallback
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        random_resized_box(2**31, 10, 1)
+    with pytest.raises(OverflowError):  # an area past a double's range rounds to infinity, as in Python
+        random_resized_box(2**31 - 1, 2**31 - 1, 1, scale=(1e300, 1e300))
+    with pytest.raises(OverflowError):
+        _fallback.random_resized_draws(1, 4, TRIES, 2**31 - 1, 2**31 - 1, 1e300, 1e300, 3 / 4, 4 / 3)
+
+
 def test_the_fallback_is_the_centred_box_of_the_clamped_aspect():
     # an area over the image's never fits: every draw fails and the fallback decides
     assert random_resized_box(500, 375, 7, scale=(2.0, 3.0)) == (0, 0, 500, 375)  # 4:3 is inside the range
@@ -227,3 +257,38 @@ def test_the_plane_decoder_stops_below_the_box(subsampling, monkeypatch):
         np.testing.assert_array_equal(early, whole, err_msg=str(seed))
         assert box[3] <= stops[-1] <= min(375, box[3] + 4), (box, stops[-1])
     assert min(stops) < 300  # some boxes end well above the bottom
+
+
+@pytest.mark.parametrize(("subsampling", "progressive"), [(0, False), (1, False), (2, False), (2, True)],
+                         ids=["4:4:4", "4:2:2", "4:2:0", "4:2:0 progressive"])
+def test_the_plane_decoder_leaves_the_rows_above_the_box_untransformed(subsampling, progressive, monkeypatch):
+    """The iMCU rows above the box's first are read through but not transformed: their rows keep
+    what the buffer held, the rows from there on are a full decode's, and the slot is what
+    transforming every row gives, for boxes anywhere."""
+    from hydrax.image import decode as decode_module
+
+    data = _jpeg(500, 375, subsampling=subsampling, progressive=progressive)
+    header = jpeg.read_header(memoryview(data))
+    full = [plane.copy() for plane in jpeg.decode_planes(memoryview(data), header)]
+    rows = 16 if subsampling == 2 else 8
+    down = 2 if subsampling == 2 else 1
+    jpeg._buffer(1)[:] = 0x5A  # the thread's buffer, poisoned: rows left untransformed keep this
+    part = jpeg.decode_planes(memoryview(data), header, stop=300, start=150)
+    first = 150 // rows * rows
+    for plane, whole, factor in zip(part, full, (1, down, down)):
+        np.testing.assert_array_equal(plane[first // factor : 300 // factor], whole[first // factor : 300 // factor])
+        assert (plane[: first // factor] == 0x5A).all()
+    firsts = []
+    original = decode_module.plane_rows_first
+    monkeypatch.setattr(decode_module, "REGION_SHARE", 0.0)  # every box through the plane path
+    skipped, whole = np.zeros((224, 224, 3), np.uint8), np.zeros((224, 224, 3), np.uint8)
+    for seed in range(60):
+        box = random_resized_box(500, 375, seed)
+        monkeypatch.setattr(decode_module, "plane_rows_first", lambda *a: firsts.append(original(*a)) or firsts[-1])
+        jpeg._buffer(1)[:] = 0x5A
+        decode_into(data, skipped, crop="random_resized", seed=seed)
+        monkeypatch.setattr(decode_module, "plane_rows_first", lambda *a: 0)
+        decode_into(data, whole, crop="random_resized", seed=seed)
+        np.testing.assert_array_equal(skipped, whole, err_msg=str(seed))
+        assert max(0, box[1] - 4) <= firsts[-1] <= box[1], (box, firsts[-1])
+    assert max(firsts) > 100  # some boxes start well below the top

@@ -10,14 +10,19 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+from .. import _core
+
 #: The default range of a random resized crop's area, as a fraction of the image's.
 DEFAULT_SCALE = (0.08, 1.0)
 #: The default range of a random resized crop's aspect ratio (width / height).
 DEFAULT_RATIO = (3 / 4, 4 / 3)
 #: Draws of area and aspect before the centred fallback (the number torchvision documents).
 TRIES = 10
+#: The sides a box is drawn for are less than this (no image format has larger ones).
+MAX_SIDE = 1 << 31
 # The stream of mix_seed that keys a random resized crop's draws (1-3 are the crop position and flip).
 _RESIZED_STREAM = 4
+_SEED_MASK = (1 << 64) - 1
 
 
 def mix_seed(seed: int, stream: int) -> int:
@@ -64,40 +69,23 @@ def random_resized_box(width: int, height: int, seed: int, scale=DEFAULT_SCALE,
     aspect is the image's clamped into ``ratio`` (the whole image where that is inside).
 
     The draws are SplitMix64's finaliser (:func:`mix_seed`) of a key drawn from ``seed`` and the
-    draw's number (a counter-based generator: a few microseconds a box, where seeding a numpy
-    generator took tens), so a box is a pure function of its arguments, reproducible anywhere,
-    and neighbouring seeds give unrelated boxes. Raises ValueError for a
+    draw's number (a counter-based generator, run by the kernel ``_core.random_resized_draws``
+    in under a microsecond, where seeding a numpy generator took tens; its readable twin is
+    ``hydrax._fallback.random_resized_draws``), so a box is a pure function of its arguments,
+    reproducible anywhere, and neighbouring seeds give unrelated boxes. Raises ValueError for a
     ``scale`` or ``ratio`` that is not a (low, high) pair of positive finite numbers with
-    low <= high, or an image without pixels.
+    low <= high, or an image without pixels or with :data:`MAX_SIDE` or more a side.
     """
-    low_scale, high_scale = check_range("scale", scale)
-    low_ratio, high_ratio = check_range("ratio", ratio)
+    low_scale, high_scale = scale if scale is DEFAULT_SCALE else check_range("scale", scale)
+    low_ratio, high_ratio = ratio if ratio is DEFAULT_RATIO else check_range("ratio", ratio)
     width, height = int(width), int(height)
     if width < 1 or height < 1:
         raise ValueError(f"the image must have pixels, got {width}x{height}")
-    key = mix_seed(int(seed), _RESIZED_STREAM)
-    area = width * height
-    log_low, log_high = math.log(low_ratio), math.log(high_ratio)
-    for draw in range(0, 4 * TRIES, 4):
-        target = area * (low_scale + (high_scale - low_scale) * _unit(key, draw))
-        aspect = math.exp(log_low + (log_high - log_low) * _unit(key, draw + 1))
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= width and 0 < h <= height:
-            top = _below(key, draw + 2, height - h + 1)
-            left = _below(key, draw + 3, width - w + 1)
-            return left, top, left + w, top + h
-    return centre_box(width, height, low_ratio, high_ratio)
-
-
-def _unit(key: int, draw: int) -> float:
-    """Draw number ``draw`` of the stream ``key``: a float uniform in [0, 1), 53 random bits."""
-    return (mix_seed(key, draw) >> 11) * 2.0**-53
-
-
-def _below(key: int, draw: int, count: int) -> int:
-    """Draw number ``draw`` of the stream ``key``: an integer uniform in 0..count-1 (64 random
-    bits scaled down: a bias of at most count / 2**64)."""
-    return (mix_seed(key, draw) * count) >> 64
+    if width >= MAX_SIDE or height >= MAX_SIDE:
+        raise ValueError(f"the image must be less than 2**31 pixels a side, got {width}x{height}")
+    box = _core.random_resized_draws(int(seed) & _SEED_MASK, _RESIZED_STREAM, TRIES, width, height, low_scale, high_scale,
+                                     low_ratio, high_ratio)
+    return centre_box(width, height, low_ratio, high_ratio) if box is None else box
 
 
 def centre_box(width: int, height: int, low_ratio: float, high_ratio: float) -> tuple[int, int, int, int]:

@@ -44,7 +44,7 @@ from .. import _core
 from ..errors import ImageError, ProfileError
 from . import jpeg
 from .boxes import DEFAULT_RATIO, DEFAULT_SCALE, check_range, mix_seed, random_resized_box
-from .resample import FILTERS, pixels_read, plane_rows_read, resize_into, resize_planes_into
+from .resample import FILTERS, pixels_read, plane_rows_first, plane_rows_read, resize_into, resize_planes_into
 from .sizes import TRANSPOSED_ORIENTATIONS
 from .srgb import convert_to_srgb, intent_and_flags
 from .transform import PixelTransform, transform_for
@@ -317,11 +317,13 @@ def _jpeg_into(header: jpeg.JpegHeader, view: memoryview, out: np.ndarray, *, ch
         pixels = _region_pixels(view, header, region, factor, out_h, out_w, kind)
     # planes where resizing makes the RGB rounding moot: a JPEG of the slot's own size is copied as libjpeg decodes it
     if pixels is None and draft is None and header.orientation == 1 and (header.width, header.height) != (out_w, out_h):
-        stop = None  # a random resized box needs the rows down to its bottom only: libjpeg stops there
+        # a random resized box needs the rows from its top down to its bottom only: libjpeg stops
+        # below, and reads the rows above without transforming them
+        stop, start = None, 0
         if region is not None and jpeg.planar(header):
-            stop = plane_rows_read(header.height, region[1], region[3], out_h, kind, subsampling[1],
-                                   -(-header.height * chroma_v // luma_v))
-        planes = jpeg.decode_planes(view, header, stop)
+            rows = (header.height, region[1], region[3], out_h, kind, subsampling[1], -(-header.height * chroma_v // luma_v))
+            stop, start = plane_rows_read(*rows), plane_rows_first(*rows)
+        planes = jpeg.decode_planes(view, header, stop, start)
     if planes is None and pixels is None:
         pixels = jpeg.decode(view, header, factor)
         if pixels is None:

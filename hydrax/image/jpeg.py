@@ -44,14 +44,6 @@ except ImportError:  # the image extra brings it; without it every JPEG takes Pi
 KEEP_BUFFER_BYTES = 64 << 20
 #: Where decode buffers start: a multiple of this many bytes (the plane kernels want 16).
 BUFFER_ALIGN = 64
-#: Start-of-frame markers of the files this path decodes: baseline, extended and progressive
-#: Huffman coding. Lossless, hierarchical and arithmetic-coded files take Pillow's path.
-_FRAMES = (0xC0, 0xC1, 0xC2)
-#: Other start-of-frame markers (0xC4 is DHT, 0xC8 reserved, 0xCC DAC).
-_OTHER_FRAMES = frozenset(range(0xC3, 0xD0)) - {0xC4, 0xC8, 0xCC}
-#: Segments whose contents read_header does not look at (Huffman and quantisation tables, restart
-#: interval, JFIF, comment): stepped over by their length, most of a common file's segments.
-_UNREAD = frozenset({0xC4, 0xDB, 0xDD, 0xE0, 0xFE})
 _ORIENTATION_TAG = 0x0112
 _SHORT = 3
 #: Where Pillow's wheels keep the libraries they bring, relative to the PIL package: manylinux
@@ -89,78 +81,21 @@ def read_header(data: memoryview, max_pixels: int | None = None) -> JpegHeader |
     """The header of the JPEG in ``data``, or None where the fast path should not take it: not a
     JPEG, another coding or precision, CMYK, more pixels than ``max_pixels``, several EXIF
     blocks, an orientation only XMP gives, a multi-picture file, or any segment that does not
-    parse. Reads the markers only, never the entropy-coded data."""
-    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8 or data[2] != 0xFF:
+    parse. Reads the markers only (the kernel ``_core.scan_jpeg_markers``), never the
+    entropy-coded data."""
+    if not (isinstance(data, memoryview) and data.format == "B" and data.ndim == 1 and data.c_contiguous):
+        data = memoryview(bytes(data))
+    found = _core.scan_jpeg_markers(data)
+    if found is None:
         return None
-    frame, exif, icc = None, None, []
-    at, end = 2, len(data)
-    while True:
-        if at + 4 > end or data[at] != 0xFF:
-            return None
-        while at < end and data[at] == 0xFF:  # fill bytes may precede a marker
-            at += 1
-        if at + 3 > end:
-            return None
-        marker = data[at]
-        length = (data[at + 1] << 8) | data[at + 2]
-        if length < 2 or at + 1 + length > end:
-            return None
-        if marker in _UNREAD:
-            at += 1 + length
-            continue
-        segment = data[at + 3 : at + 1 + length]
-        at += 1 + length
-        if marker == 0xDA:  # start of scan: the entropy-coded data follows
-            break
-        if marker in _FRAMES:
-            if frame is not None:
-                return None
-            frame = _frame(segment)
-            if frame is None:
-                return None
-        elif marker in _OTHER_FRAMES or not 0xC0 <= marker <= 0xFE or 0xD0 <= marker <= 0xD9:
-            return None  # another coding, or a marker that has no segment where one must be
-        elif not _note_segment(marker, segment, icc, exif_seen=exif is not None):
-            return None
-        elif marker == 0xE1 and segment[:6] == b"Exif\0\0":
-            exif = segment[6:]
-    if frame is None:
-        return None
-    width, height, sampling = frame
+    width, height, sampling, exif, icc = found
     if max_pixels and width * height > max_pixels:
         return None  # Pillow's path warns or refuses, as it always has
-    orientation = 1 if exif is None else _orientation(exif)
+    orientation = 1 if exif is None else _orientation(data[exif[0] : exif[1]])
     if orientation is None:
         return None
-    return JpegHeader(width, height, len(sampling), orientation, _join_profile(icc), sampling)
-
-
-def _frame(segment: memoryview) -> tuple[int, int, tuple[tuple[int, int], ...]] | None:
-    """(width, height, sampling factors) of an 8-bit frame of 1 or 3 components, else None."""
-    if len(segment) < 6:
-        return None
-    precision, height, width, components = segment[0], (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4], segment[5]
-    if precision != 8 or components not in (1, 3) or len(segment) < 6 + 3 * components or width < 1 or height < 1:
-        return None
-    sampling = tuple((segment[7 + 3 * c] >> 4, segment[7 + 3 * c] & 15) for c in range(components))
-    if not all(1 <= h <= 4 and 1 <= v <= 4 for h, v in sampling):
-        return None
-    return width, height, sampling
-
-
-def _note_segment(marker: int, segment: memoryview, icc: list[bytes], exif_seen: bool) -> bool:
-    """Collect what an APPn segment holds for us; False where the file is one to leave to Pillow."""
-    if marker == 0xE1:
-        if segment[:6] == b"Exif\0\0":
-            return not exif_seen  # Pillow joins several; rare enough to leave to it
-        # Pillow reads the orientation from XMP when EXIF has none
-        return not (segment[:29] == b"http://ns.adobe.com/xap/1.0/\0" and b"Orientation" in bytes(segment))
-    if marker == 0xE2:
-        if segment[:12] == b"ICC_PROFILE\0":
-            icc.append(bytes(segment))
-            return len(segment) >= 14
-        return segment[:4] != b"MPF\0"  # a multi-picture file: Pillow opens it as MPO
-    return True
+    profile = _join_profile([bytes(data[start:stop]) for start, stop in icc]) if icc else None
+    return JpegHeader(width, height, len(sampling), orientation, profile, sampling)
 
 
 def _join_profile(chunks: list[bytes]) -> bytes | None:
@@ -329,24 +264,28 @@ def planar(header: JpegHeader) -> bool:
     return across == 1 or -(-header.width // across) > MIN_FANCY_WIDTH
 
 
-def decode_planes(data: memoryview, header: JpegHeader,
-                  stop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def decode_planes(data: memoryview, header: JpegHeader, stop: int | None = None,
+                  start: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The Y, Cb and Cr planes of the JPEG in ``data`` as stored (chroma at its own resolution,
     ``header.sampling`` says which), uint8, in this thread's buffer, so valid until the next call.
     With ``stop``, libjpeg-turbo stops after the iMCU row that holds luma row ``stop - 1`` (and
     the chroma rows decoded with it): the rows below are left as the buffer held them, unread by
-    anything that only reads rows above ``stop``, and damage there goes unnoticed. None where the file is not :func:`planar`, there is no :func:`library`, or libjpeg-turbo
+    anything that only reads rows above ``stop``, and damage there goes unnoticed. With
+    ``start``, the iMCU rows above the one holding luma row ``start`` are read through but not
+    transformed, so their rows are left as the buffer held them too (a caller reading chroma
+    row r of a plane at 1/k of luma's height gives a ``start`` of at most k * r). None where the file is not :func:`planar`, there is no :func:`library`, or libjpeg-turbo
     reports anything at all (the caller then takes another path, which words any error)."""
     found = library()
     if found is None or not planar(header):
         return None
-    return _planes_of(found, data, header, -1 if stop is None else max(1, min(int(stop), header.height)))
+    stop = header.height if stop is None else max(1, min(int(stop), header.height))
+    return _planes_of(found, data, header, stop, max(0, min(int(start), stop - 1)))
 
 
-def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, stop: int = -1):
+def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, stop: int = -1, start: int = 0):
     layout, size = _core.jpeg_plane_layout(header.width, header.height, header.sampling)
     buffer = _buffer(size)
-    if found.decode_planes(data, header.width, header.height, header.sampling, buffer, stop) != 0:
+    if found.decode_planes(data, header.width, header.height, header.sampling, buffer, stop, start) != 0:
         return None
     return tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
                  for offset, rows, stride, height, width in layout)

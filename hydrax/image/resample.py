@@ -77,6 +77,18 @@ def plane_rows_read(height: int, top: float, bottom: float, out_h: int, kind: in
     return min(height, needed)
 
 
+def plane_rows_first(height: int, top: float, bottom: float, out_h: int, kind: int, down: int, chroma_rows: int) -> int:
+    """The first luma row of a JPEG ``height`` rows high that :func:`resize_planes_into` reads,
+    or whose iMCU row holds a chroma row it reads, to fill ``out_h`` rows from the box's
+    ``top``..``bottom`` (arguments as for :func:`plane_rows_read`): the rows above need no
+    inverse DCT (see :meth:`hydrax._core.JpegLibrary.decode_planes`)."""
+    top, bottom = np.asarray((top, bottom), np.float32).tolist()
+    first = taps(height, top, bottom, out_h, kind).first
+    if down == 2:
+        first = min(first, 2 * taps(height, top, bottom, out_h, kind, chroma_rows).first)
+    return first
+
+
 def pixels_read(width: int, height: int, box: tuple[float, float, float, float], out_w: int, out_h: int,
                 kind: int) -> tuple[int, int, int, int]:
     """The pixels ``(left, top, right, bottom)`` of a ``width`` x ``height`` image that
@@ -87,4 +99,4 @@ def pixels_read(width: int, height: int, box: tuple[float, float, float, float],
     return columns.first, rows.first, columns.last, rows.last
 
 
-__all__ = ["FILTERS", "pixels_read", "plane_rows_read", "resize_into", "resize_planes_into", "taps"]
+__all__ = ["FILTERS", "pixels_read", "plane_rows_first", "plane_rows_read", "resize_into", "resize_planes_into", "taps"]
