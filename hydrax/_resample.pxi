@@ -188,36 +188,78 @@ cdef class Taps:
         return bounds, weights
 
 
+# The normalised weights of the last axis made without chroma, kept so that the chroma axis of
+# the same span, which the plane path asks for next, folds them rather than computing them again
+# (the division Pillow normalises with is most of the cost). Read and written with the GIL held
+# (Taps are made only so), so no two threads share it half made.
+cdef double* _memo_weights = NULL
+cdef int32_t* _memo_spans = NULL
+cdef Py_ssize_t _memo_room = 0, _memo_out = 0, _memo_in = 0, _memo_ksize = 0
+cdef int _memo_kind = 0
+cdef float _memo_start = 0.0
+cdef double _memo_scale = 0.0
+
+
+cdef bint _memo_reserve(Py_ssize_t out_size, Py_ssize_t ksize) noexcept:
+    """Room in the memo for an axis of ``out_size`` pixels of ``ksize`` weights, the memo
+    emptied; False where memory is short (the axis is then not kept)."""
+    global _memo_weights, _memo_spans, _memo_room, _memo_out
+    _memo_out = 0
+    if out_size * ksize > _memo_room or 2 * out_size > _memo_room:
+        free(_memo_weights)
+        free(_memo_spans)
+        _memo_room = max(out_size * ksize, 2 * out_size)
+        _memo_weights = <double*>malloc(_memo_room * sizeof(double))
+        _memo_spans = <int32_t*>malloc(_memo_room * sizeof(int32_t))
+        if _memo_weights == NULL or _memo_spans == NULL:
+            free(_memo_weights)
+            free(_memo_spans)
+            _memo_weights, _memo_spans, _memo_room = NULL, NULL, 0
+            return False
+    return True
+
+
 cdef void _compute_taps(Taps taps, float start, double scale, double filterscale, double support, int kind,
                         double* k, Py_ssize_t chroma) noexcept:
     """Each output pixel's weights as Pillow computes them (``k``: 3 x ksize + 8 doubles of scratch),
-    folded onto ``chroma`` samples where that is not 0 (see :func:`_fold_taps`)."""
-    cdef Py_ssize_t xx, x, xmin, xmax, ksize = taps.ksize
+    folded onto ``chroma`` samples where that is not 0 (see :func:`_fold_taps`): taken from the
+    memo where the luma axis of the same span was the last made."""
+    global _memo_out, _memo_in, _memo_ksize, _memo_kind, _memo_start, _memo_scale
+    cdef Py_ssize_t xx, x, xmin, xmax, ksize = taps.ksize, out_size = taps.out_size
     cdef double center, total, weight
     cdef double ss = 1.0 / filterscale
     cdef int32_t* fixed
-    for xx in range(taps.out_size):
-        center = start + (xx + 0.5) * scale
-        xmin = <Py_ssize_t>(center - support + 0.5)  # truncation, as Pillow rounds
-        if xmin < 0:
-            xmin = 0
-        xmax = <Py_ssize_t>(center + support + 0.5)
-        if xmax > taps.in_size:
-            xmax = taps.in_size
-        xmax -= xmin
-        if xmax < 0:
-            xmax = 0
-        if xmax > ksize:  # cannot happen for these filters; the kernel relies on it
-            xmax = ksize
-        total = 0.0
-        for x in range(xmax):
-            weight = _filter_weight(kind, (x + xmin - center + 0.5) * ss)
-            k[x] = weight
-            total += weight
-        if total != 0.0:
+    cdef bint reuse = (chroma != 0 and _memo_out == out_size and _memo_in == taps.in_size and _memo_kind == kind
+                       and _memo_start == start and _memo_scale == scale and _memo_ksize == ksize)
+    cdef bint keep = chroma == 0 and _memo_reserve(out_size, ksize)
+    for xx in range(out_size):
+        if reuse:
+            xmin, xmax = _memo_spans[2 * xx], _memo_spans[2 * xx + 1]
+            memcpy(k, _memo_weights + xx * ksize, xmax * sizeof(double))
+        else:
+            center = start + (xx + 0.5) * scale
+            xmin = <Py_ssize_t>(center - support + 0.5)  # truncation, as Pillow rounds
+            if xmin < 0:
+                xmin = 0
+            xmax = <Py_ssize_t>(center + support + 0.5)
+            if xmax > taps.in_size:
+                xmax = taps.in_size
+            xmax -= xmin
+            if xmax < 0:
+                xmax = 0
+            if xmax > ksize:  # cannot happen for these filters; the kernel relies on it
+                xmax = ksize
+            total = 0.0
             for x in range(xmax):
-                k[x] /= total
-            total = 1.0
+                weight = _filter_weight(kind, (x + xmin - center + 0.5) * ss)
+                k[x] = weight
+                total += weight
+            if total != 0.0:
+                for x in range(xmax):
+                    k[x] /= total
+            if keep:
+                _memo_spans[2 * xx], _memo_spans[2 * xx + 1] = <int32_t>xmin, <int32_t>xmax
+                memcpy(_memo_weights + xx * ksize, k, xmax * sizeof(double))
         if chroma:
             xmin, xmax = _fold_taps(k, xmin, xmax, chroma, k + ksize)
             xmax = min(xmax, ksize)  # cannot happen (see _fold_taps); the kernel relies on it
@@ -227,6 +269,9 @@ cdef void _compute_taps(Taps taps, float start, double scale, double filterscale
             fixed[x] = <int32_t>(weight * (1 << RESAMPLE_BITS) + (0.5 if weight >= 0 else -0.5))
         taps.bounds[2 * xx] = <int32_t>xmin
         taps.bounds[2 * xx + 1] = <int32_t>xmax
+    if keep:
+        _memo_out, _memo_in, _memo_ksize, _memo_kind, _memo_start, _memo_scale = (out_size, taps.in_size, ksize, kind,
+                                                                                  start, scale)
     if chroma:
         taps.in_size = chroma
     taps.first = taps.bounds[0]

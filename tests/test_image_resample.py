@@ -185,6 +185,39 @@ def test_folded_taps_weigh_chroma_as_upsampling_then_resizing_would(kind):
         _core.Taps(10, 0, 10, 4, 2, 6)
 
 
+@pytest.mark.parametrize("kind", sorted(FILTERS))
+def test_chroma_taps_made_right_after_their_luma_taps_are_the_same_weights(kind):
+    """The chroma axis of a span reuses the luma axis's weights when that was the last made (a
+    memo in the kernel); the weights are those made from scratch, after an unrelated axis."""
+    rng = np.random.default_rng(90 + kind)
+    for _ in range(200):
+        size, out = int(rng.integers(1, 2000)), int(rng.integers(1, 400))
+        start, stop = sorted(rng.uniform(0, size, 2)) if rng.random() < 0.7 else (0.0, float(size))
+        if stop - start < 1e-3:
+            start, stop = 0.0, float(size)
+        chroma = (size + 1) // 2
+        _core.Taps(7, 0.0, 7.0, 3, 2)  # another axis last: the chroma axis is computed from scratch
+        fresh = _core.Taps(size, start, stop, out, kind, chroma)
+        luma = _core.Taps(size, start, stop, out, kind)
+        reused = _core.Taps(size, start, stop, out, kind, chroma)
+        assert (reused.first, reused.last, reused.in_size) == (fresh.first, fresh.last, fresh.in_size)
+        for ours, theirs in zip(reused.arrays(), fresh.arrays()):
+            np.testing.assert_array_equal(ours, theirs)
+        assert luma.in_size == size
+        # after the luma axis of another span (or size, or filter), the memo is not taken
+        _core.Taps(size, start, stop, out, kind)
+        for other in ((size, start, (start + stop) / 2, out, kind), (size, start, stop, out + 1, kind),
+                      (size, start, stop, out, 1 + kind % 5)):
+            if other[2] <= other[1]:
+                continue
+            _core.Taps(7, 0.0, 7.0, 3, 2)
+            expected = _core.Taps(*other, chroma)
+            _core.Taps(size, start, stop, out, kind)
+            got = _core.Taps(*other, chroma)
+            for ours, theirs in zip(got.arrays(), expected.arrays()):
+                np.testing.assert_array_equal(ours, theirs)
+
+
 def ycc_to_rgb(y, cb, cr):
     return np.stack([y + 1.402 * (cr - 128), y - 0.34414 * (cb - 128) - 0.71414 * (cr - 128), y + 1.772 * (cb - 128)], axis=-1)
 
