@@ -283,12 +283,25 @@ def decode_planes(data: memoryview, header: JpegHeader, stop: int | None = None,
 
 
 def _planes_of(found: _core.JpegLibrary, data: memoryview, header: JpegHeader, stop: int = -1, start: int = 0):
-    layout, size = _core.jpeg_plane_layout(header.width, header.height, header.sampling)
-    buffer = _buffer(size)
-    if found.decode_planes(data, header.width, header.height, header.sampling, buffer, stop, start) != 0:
+    size, views = _plane_views(header.width, header.height, header.sampling)
+    if found.decode_planes(data, header.width, header.height, header.sampling, _buffer(size), stop, start) != 0:
         return None
-    return tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
-                 for offset, rows, stride, height, width in layout)
+    return views
+
+
+def _plane_views(width: int, height: int, sampling: tuple) -> tuple[int, tuple[np.ndarray, ...]]:
+    """The bytes the planes of a JPEG of this size and sampling need, and their views of this
+    thread's buffer (made once for the last size asked: a data set's photos come in few sizes,
+    and making three views cost more than a tenth of the Python an image takes)."""
+    size, views, of = getattr(_local, "views", {}).get((width, height, sampling), (None, None, None))
+    if size is not None and _buffer(size) is of:
+        return size, views
+    layout, size = _core.jpeg_plane_layout(width, height, sampling)
+    buffer = _buffer(size)
+    views = tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
+                  for offset, rows, stride, height, width in layout)
+    _local.views = {(width, height, sampling): (size, views, buffer)}
+    return size, views
 
 
 #: The samplings (h, v of each component) :func:`decode_region` takes: gray, 4:4:4, 4:2:2 and

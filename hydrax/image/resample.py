@@ -11,6 +11,7 @@ the cache then saves less; an entry for a 224-pixel axis holds about 30 kB).
 
 from __future__ import annotations
 
+from array import array
 from functools import lru_cache
 
 import numpy as np
@@ -40,7 +41,7 @@ def resize_into(pixels: np.ndarray, box: tuple[float, float, float, float], out:
     through ``colour`` (``convert_pixels``'s tables from ``lin`` to ``offset``; None stores the
     8-bit values as they are)."""
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
-    left, top, right, bottom = np.asarray(box, np.float32).tolist()  # as Pillow reads the box
+    left, top, right, bottom = array("f", box).tolist()  # as Pillow reads the box
     columns = taps(pixels.shape[1], left, right, out_w, kind)
     rows = taps(pixels.shape[0], top, bottom, out_h, kind)
     _core.resample_into(pixels, out, chw, flip, columns, rows, colour)
@@ -56,7 +57,7 @@ def resize_planes_into(planes: tuple[np.ndarray, np.ndarray, np.ndarray], subsam
     RGB and resizing gives."""
     out_h, out_w = (out.shape[1], out.shape[2]) if chw else (out.shape[0], out.shape[1])
     luma, blue, red = planes
-    left, top, right, bottom = np.asarray(box, np.float32).tolist()  # as Pillow reads the box
+    left, top, right, bottom = array("f", box).tolist()  # as Pillow reads the box
     height, width = luma.shape
     across, down = subsampling
     columns, rows = taps(width, left, right, out_w, kind), taps(height, top, bottom, out_h, kind)
@@ -70,7 +71,7 @@ def plane_rows_read(height: int, top: float, bottom: float, out_h: int, kind: in
     reads to fill ``out_h`` rows from the box's ``top``..``bottom``, chroma at 1/``down`` (1 or 2)
     of luma's vertical resolution, ``chroma_rows`` rows high: the rows the plane decoder must
     decode (the same cached taps as the resize, so asking costs nothing more)."""
-    top, bottom = np.asarray((top, bottom), np.float32).tolist()
+    top, bottom = array("f", (top, bottom)).tolist()
     needed = taps(height, top, bottom, out_h, kind).last
     if down == 2:
         needed = max(needed, 2 * taps(height, top, bottom, out_h, kind, chroma_rows).last)
@@ -82,7 +83,7 @@ def plane_rows_first(height: int, top: float, bottom: float, out_h: int, kind: i
     or whose iMCU row holds a chroma row it reads, to fill ``out_h`` rows from the box's
     ``top``..``bottom`` (arguments as for :func:`plane_rows_read`): the rows above need no
     inverse DCT (see :meth:`hydrax._core.JpegLibrary.decode_planes`)."""
-    top, bottom = np.asarray((top, bottom), np.float32).tolist()
+    top, bottom = array("f", (top, bottom)).tolist()
     first = taps(height, top, bottom, out_h, kind).first
     if down == 2:
         first = min(first, 2 * taps(height, top, bottom, out_h, kind, chroma_rows).first)
@@ -94,7 +95,7 @@ def pixels_read(width: int, height: int, box: tuple[float, float, float, float],
     """The pixels ``(left, top, right, bottom)`` of a ``width`` x ``height`` image that
     :func:`resize_into` reads to fill ``out_w`` x ``out_h`` pixels from ``box``: the part a
     decoder must make (the same cached taps as the resize, so asking costs nothing more)."""
-    left, top, right, bottom = np.asarray(box, np.float32).tolist()  # as Pillow reads the box
+    left, top, right, bottom = array("f", box).tolist()  # as Pillow reads the box
     columns, rows = taps(width, left, right, out_w, kind), taps(height, top, bottom, out_h, kind)
     return columns.first, rows.first, columns.last, rows.last
 
