@@ -169,15 +169,21 @@ def triangle(size: int, chroma: int) -> np.ndarray:
     return matrix
 
 
+def random_axis(rng, most_in: int, most_out: int) -> tuple[int, int, float, float, int]:
+    """An axis to resize: (in size, out size, span start, span stop, chroma samples at half
+    resolution), the span a random part of the axis or, three times in ten, all of it."""
+    size, out = int(rng.integers(1, most_in)), int(rng.integers(1, most_out))
+    start, stop = sorted(rng.uniform(0, size, 2)) if rng.random() < 0.7 else (0.0, float(size))
+    if stop - start < 1e-3:
+        start, stop = 0.0, float(size)
+    return size, out, float(start), float(stop), (size + 1) // 2
+
+
 @pytest.mark.parametrize("kind", sorted(FILTERS))
 def test_folded_taps_weigh_chroma_as_upsampling_then_resizing_would(kind):
     rng = np.random.default_rng(40 + kind)
     for _ in range(80):
-        size, out = int(rng.integers(1, 400)), int(rng.integers(1, 300))
-        start, stop = sorted(rng.uniform(0, size, 2)) if rng.random() < 0.7 else (0.0, float(size))
-        if stop - start < 1e-3:
-            start, stop = 0.0, float(size)
-        chroma = (size + 1) // 2
+        size, out, start, stop, chroma = random_axis(rng, 400, 300)
         folded, luma = taps(size, start, stop, out, kind, chroma), taps(size, start, stop, out, kind)
         assert folded.in_size == chroma and folded.out_size == out
         np.testing.assert_allclose(dense(folded), dense(luma) @ triangle(size, chroma), atol=4 / (1 << 22))
@@ -191,11 +197,7 @@ def test_chroma_taps_made_right_after_their_luma_taps_are_the_same_weights(kind)
     memo in the kernel); the weights are those made from scratch, after an unrelated axis."""
     rng = np.random.default_rng(90 + kind)
     for _ in range(200):
-        size, out = int(rng.integers(1, 2000)), int(rng.integers(1, 400))
-        start, stop = sorted(rng.uniform(0, size, 2)) if rng.random() < 0.7 else (0.0, float(size))
-        if stop - start < 1e-3:
-            start, stop = 0.0, float(size)
-        chroma = (size + 1) // 2
+        size, out, start, stop, chroma = random_axis(rng, 2000, 400)
         _core.Taps(7, 0.0, 7.0, 3, 2)  # another axis last: the chroma axis is computed from scratch
         fresh = _core.Taps(size, start, stop, out, kind, chroma)
         luma = _core.Taps(size, start, stop, out, kind)
