@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image, ImageOps  # noqa: E402
 
+from hydrax import _core, _fallback  # noqa: E402
 from hydrax.image import jpeg  # noqa: E402
 
 ICC = Path(__file__).parent / "data" / "icc"
@@ -111,7 +112,24 @@ def _forged_frame(data: bytes, marker: int | None = None, precision: int | None 
     pytest.param(lambda: with_segment(photo(), 0xE2, b"ICC_PROFILE\0\x01"), id="icc-chunk-too-short"),
 ])
 def test_files_the_fast_path_leaves_to_pillow(make):
-    assert header(make()) is None
+    data = make()
+    assert header(data) is None
+    assert _core.scan_jpeg_markers(data) == _fallback.scan_jpeg_markers(data)  # the kernel and its twin
+
+
+def test_the_marker_walk_kernel_and_its_twin_agree_on_what_they_keep():
+    """EXIF blocks, ICC chunks and frames: the spans the kernel finds are its twin's."""
+    profile = (ICC / "AdobeRGB1998.icc").read_bytes()
+    files = [photo(), photo(mode="L"), photo(progressive=True), photo(exif=exif_with(6)),
+             with_segment(with_segment(photo(), 0xE2, b"ICC_PROFILE\0" + bytes((1, 2)) + profile[:900]), 0xE2,
+                          b"ICC_PROFILE\0" + bytes((2, 2)) + profile[900:]),
+             with_segment(photo(), 0xE1, b"http://ns.adobe.com/xap/1.0/\0<x/>"), with_segment(photo(), 0xE2, b"other")]
+    for data in files:
+        found = _core.scan_jpeg_markers(data)
+        assert found is not None and found == _fallback.scan_jpeg_markers(data)
+    width, height, sampling, exif, icc = _core.scan_jpeg_markers(files[4])
+    assert (width, height, len(icc), exif) == (header(files[4]).width, header(files[4]).height, 2, None)
+    assert _core.scan_jpeg_markers(files[3])[3] is not None
 
 
 def test_more_pixels_than_the_limit_are_left_to_pillow():
