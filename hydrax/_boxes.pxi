@@ -2,9 +2,9 @@
 #
 # hydrax.image.boxes decides (checks the arguments, takes the centred fallback); this computes
 # the ten tries of an Inception-style random resized crop with the same operations, in the same
-# order, on the same doubles as its readable twin hydrax._fallback.random_resized_box, so the two
+# order, on the same doubles as its readable twin hydrax._fallback.random_resized_draws, so the two
 # give the same box for every seed (a test compares them over 10^5 draws). A kernel because every
-# decoded image asks it: the Python draws cost about 10 us an image.
+# decoded image asks it: the Python draws cost about 6 us an image, this 0.6.
 
 from libc.math cimport exp, isfinite, log, rint, sqrt
 from libc.stdint cimport uint64_t

@@ -201,14 +201,15 @@ cdef double _memo_scale = 0.0
 
 
 cdef bint _memo_reserve(Py_ssize_t out_size, Py_ssize_t ksize) noexcept:
-    """Room in the memo for an axis of ``out_size`` pixels of ``ksize`` weights, the memo
-    emptied; False where memory is short (the axis is then not kept)."""
+    """Room in the memo for an axis of ``out_size`` pixels of ``ksize`` weights (and, as ksize
+    is at least 3, for their two bounds each), the memo emptied; False where memory is short
+    (the axis is then not kept)."""
     global _memo_weights, _memo_spans, _memo_room, _memo_out
     _memo_out = 0
-    if out_size * ksize > _memo_room or 2 * out_size > _memo_room:
+    if out_size * ksize > _memo_room:
         free(_memo_weights)
         free(_memo_spans)
-        _memo_room = max(out_size * ksize, 2 * out_size)
+        _memo_room = out_size * ksize
         _memo_weights = <double*>malloc(_memo_room * sizeof(double))
         _memo_spans = <int32_t*>malloc(_memo_room * sizeof(int32_t))
         if _memo_weights == NULL or _memo_spans == NULL:

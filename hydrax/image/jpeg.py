@@ -293,14 +293,14 @@ def _plane_views(width: int, height: int, sampling: tuple) -> tuple[int, tuple[n
     """The bytes the planes of a JPEG of this size and sampling need, and their views of this
     thread's buffer (made once for the last size asked: a data set's photos come in few sizes,
     and making three views cost more than a tenth of the Python an image takes)."""
-    size, views, of = getattr(_local, "views", {}).get((width, height, sampling), (None, None, None))
-    if size is not None and _buffer(size) is of:
+    key, size, views, of = getattr(_local, "views", (None, 0, (), None))
+    if key == (width, height, sampling) and _buffer(size) is of:
         return size, views
     layout, size = _core.jpeg_plane_layout(width, height, sampling)
     buffer = _buffer(size)
     views = tuple(buffer[offset:offset + rows * stride].reshape(rows, stride)[:height, :width]
                   for offset, rows, stride, height, width in layout)
-    _local.views = {(width, height, sampling): (size, views, buffer)}
+    _local.views = ((width, height, sampling), size, views, buffer)
     return size, views
 
 
